@@ -1,0 +1,46 @@
+# make test: the one command a newcomer runs. It creates .venv, installs resumeq with its
+# dev extras, makes sure a redis-server binary exists (the tests start their own servers
+# on free ports) and runs lint, type checks and the whole suite.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint typecheck pytest redis-server bench clean
+
+test: lint typecheck pytest
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "resumeq needs Python 3.11 or newer (set PYTHON=...)")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+redis-server:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "redis-server missing: installing Debian's package"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+	  else \
+	    echo "redis-server not found: install it first (sudo apt-get install redis-server)"; exit 1; \
+	  fi; }
+	@redis-server --version
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict resumeq
+
+pytest: $(STAMP) redis-server
+	$(BIN)/pytest
+
+bench: $(STAMP) redis-server
+	$(BIN)/python benchmarks/flush.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,3 @@
+from resumeq.cli import main
+
+main()

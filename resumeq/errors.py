@@ -1,0 +1,115 @@
+"""resumeq's one exception tree.
+
+Lower-layer errors (redis-py, httpx, pydantic) are translated once, where they cross
+into resumeq, and never leak past that boundary::
+
+    ResumeqError
+    ├── ConfigError                 a settings file or variable is wrong
+    ├── InvalidSpec                 a JobSpec was refused; .errors names every field
+    └── StoreError                  the job store refused or failed an operation
+        ├── RedisUnavailable        Redis could not be reached (connection, timeout)
+        ├── JobNotFound             no job record under that id
+        ├── IdempotencyConflict     the idempotency key belongs to a job with another prompt
+        ├── InvalidTransition       the job's state does not allow the operation
+        │   └── SpillExhausted      the job has already spilled once; spill is not a loop
+        └── WriteRefused            a fenced durable write was refused; stop streaming
+            ├── LeaseLost           the caller's fencing token is no longer the lease
+            ├── StaleRevision       the caller expected another revision
+            └── JobCancelled        the job was cancelled
+
+A ``WriteRefused`` means the caller is no longer allowed to spend tokens on the job: a
+worker that sees one closes its stream at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class ResumeqError(Exception):
+    """Base of every error resumeq raises on purpose."""
+
+
+class ConfigError(ResumeqError):
+    """A configuration file, profile or environment variable is invalid."""
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One refused field of a job spec: its dotted location and why."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class InvalidSpec(ResumeqError, ValueError):
+    """A job spec was refused at enqueue; nothing was written."""
+
+    def __init__(self, errors: Sequence[FieldError]) -> None:
+        self.errors = tuple(errors)
+        super().__init__("invalid job spec: " + "; ".join(str(e) for e in self.errors))
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(e.field for e in self.errors)
+
+
+class StoreError(ResumeqError):
+    """The job store refused or failed an operation."""
+
+    def __init__(self, message: str, *, job_id: str | None = None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+
+
+class RedisUnavailable(StoreError):
+    """Redis could not be reached or did not answer in time."""
+
+
+class JobNotFound(StoreError):
+    """There is no job record under that id (never created, or expired)."""
+
+
+class IdempotencyConflict(StoreError):
+    """The idempotency key is already bound to a job whose prompt hash differs."""
+
+    def __init__(self, message: str, *, job_id: str, existing_job_id: str) -> None:
+        super().__init__(message, job_id=job_id)
+        self.existing_job_id = existing_job_id
+
+
+class InvalidTransition(StoreError):
+    """The job's current state does not allow the operation."""
+
+    def __init__(self, message: str, *, job_id: str, state: str) -> None:
+        super().__init__(message, job_id=job_id)
+        self.state = state
+
+
+class SpillExhausted(InvalidTransition):
+    """The job spilled once already; a second spill is refused (it fails instead)."""
+
+
+class WriteRefused(StoreError):
+    """A fenced durable write was refused: the caller must stop streaming at once."""
+
+
+class LeaseLost(WriteRefused):
+    """The caller's fencing token no longer holds the job's lease."""
+
+
+class StaleRevision(WriteRefused):
+    """The write expected a revision the job no longer has."""
+
+    def __init__(self, message: str, *, job_id: str, expected: int, current: int) -> None:
+        super().__init__(message, job_id=job_id)
+        self.expected = expected
+        self.current = current
+
+
+class JobCancelled(WriteRefused):
+    """The job was cancelled while the caller held its lease."""

@@ -1,0 +1,79 @@
+"""Every Redis key resumeq uses, built in one place.
+
+A job's own keys share the hash tag ``{<job id>}``, so that in a sharded deployment they
+would all live in one slot and a script touching them stays legal. The few global keys
+(the leases and index zsets, the idempotency keys) are named constants or builders here;
+nothing else in the package spells a key.
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "resumeq"
+
+#: Job ids: the same alphabet RQ accepts for its own job ids, so that an attempt's RQ job
+#: id can be derived from ours; no braces, colons or white space.
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+#: Idempotency keys are chosen by producers: a bounded, printable alphabet.
+IDEMPOTENCY_KEY_RE = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,200}$")
+
+#: Job id → lease deadline (ms since the epoch, Redis server time): what the janitor scans.
+LEASES = f"{PREFIX}:leases"
+#: Job id → time it became queued: queued jobs, for the janitor's vanished-RQ-job sweep.
+QUEUED = f"{PREFIX}:queued"
+#: Job id → time it spilled: the spill lane's index.
+SPILLED = f"{PREFIX}:spilled"
+
+
+def check_job_id(job_id: str) -> str:
+    """Return ``job_id`` if it is a well-formed job id, else raise ``ValueError``."""
+    if not JOB_ID_RE.match(job_id):
+        raise ValueError(f"malformed job id {job_id!r}")
+    return job_id
+
+
+def _job_base(job_id: str) -> str:
+    return f"{PREFIX}:job:{{{check_job_id(job_id)}}}"
+
+
+def job(job_id: str) -> str:
+    """The job hash: spec, prompt hash, state, budget, cursor, revision, attempt …"""
+    return _job_base(job_id)
+
+
+def text(job_id: str) -> str:
+    """The durable prefix; every flush APPENDs its delta."""
+    return f"{_job_base(job_id)}:text"
+
+
+def lease(job_id: str) -> str:
+    """The current owner's fencing token, with a PX TTL."""
+    return f"{_job_base(job_id)}:lease"
+
+
+def events(job_id: str) -> str:
+    """A stream with one entry per revision: what followers read."""
+    return f"{_job_base(job_id)}:events"
+
+
+def ledger(job_id: str) -> str:
+    """A list of attempt records (JSON)."""
+    return f"{_job_base(job_id)}:ledger"
+
+
+def job_keys(job_id: str) -> tuple[str, str, str, str, str]:
+    """All per-job keys: job, text, lease, events, ledger."""
+    return job(job_id), text(job_id), lease(job_id), events(job_id), ledger(job_id)
+
+
+def idempotency(key: str) -> str:
+    """Idempotency key → ``<job id>:<prompt hash>``, with a TTL."""
+    if not IDEMPOTENCY_KEY_RE.match(key):
+        raise ValueError(f"malformed idempotency key {key!r}")
+    return f"{PREFIX}:idem:{key}"
+
+
+#: A pattern matching every key resumeq owns (for scans in tools and tests).
+ALL_PATTERN = f"{PREFIX}:*"

@@ -1,0 +1,122 @@
+"""The job record as the store returns it, and the small results of store operations."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from resumeq.spec import JobSpec, Limits
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    #: The owner's lease expired and a janitor took the job over to apply the gate.
+    STALLED = "stalled"
+    SPILLED = "spilled"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    ABANDONED = "abandoned"
+    DROPPED = "dropped"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.ABANDONED, JobState.DROPPED}
+)
+
+# Stored specs were validated at enqueue under that side's limits; reading one back must
+# not refuse it because this process is configured with tighter ones.
+_READ_LIMITS = Limits(
+    max_messages=2**31,
+    max_prompt_bytes=2**62,
+    max_budget_tokens=2**62,
+    max_metadata_bytes=2**62,
+    max_hooks=2**31,
+)
+
+
+class JobRecord(BaseModel):
+    """A snapshot of the job hash. ``revision`` says which write it reflects."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    spec: JobSpec
+    prompt_hash: str
+    state: JobState
+    queue: str
+    budget_tokens: int
+    floor_tokens: int
+    #: The cursor: output tokens treated as consumed so far, all attempts together.
+    spent_output_tokens: int
+    #: False once any flush counted tokens by estimate rather than exactly.
+    counts_exact: bool
+    revision: int
+    #: How many attempts have acquired the job so far.
+    attempt: int
+    spill_count: int
+    created_ms: int
+    updated_ms: int
+    finished_ms: int | None = None
+    lease_token: str | None = None
+    idempotency_key: str | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    #: Why the job last changed state (the gate's reason, the cancel reason, …).
+    reason: str | None = None
+
+    @property
+    def remaining_tokens(self) -> int:
+        return max(0, self.budget_tokens - self.spent_output_tokens)
+
+    @classmethod
+    def from_hash(cls, fields: Mapping[str, str]) -> JobRecord:
+        data: dict[str, object] = {k: v for k, v in fields.items() if v != ""}
+        data["spec"] = JobSpec.model_validate_json(fields["spec"], context={"limits": _READ_LIMITS})
+        data["counts_exact"] = fields.get("counts_exact", "1") == "1"
+        return cls.model_validate(data)
+
+
+class Lease(BaseModel):
+    """Ownership of a job: present the token with every durable write."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    token: str
+    #: Lease deadline in ms since the epoch, Redis server time.
+    deadline_ms: int
+    ttl_ms: int
+
+
+class Acquired(BaseModel):
+    """What ``acquire`` and ``reap`` hand over: the lease and the record as of it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    lease: Lease
+    record: JobRecord
+
+
+class CreateResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    #: False when an idempotency key returned a job created earlier.
+    created: bool
+
+
+class FlushResult(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    revision: int
+    spent_output_tokens: int
+    #: Length of the stored prefix in bytes (UTF-8) after the append.
+    prefix_bytes: int

@@ -1,0 +1,52 @@
+"""The store's Lua scripts, registered once per Redis connection.
+
+Each script lives in its own ``.lua`` file with a KEYS/ARGV header; ``_prelude.lua`` is
+prepended to each so the shared checks (fencing, revision, retention) are written once.
+Scripts run by EVALSHA and are loaded again transparently after a ``SCRIPT FLUSH`` or a
+Redis restart (redis-py's ``Script`` does that).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+NAMES = (
+    "create",
+    "acquire",
+    "renew",
+    "flush",
+    "finish",
+    "release",
+    "reap",
+    "cancel",
+    "requeue",
+    "drop",
+)
+
+
+def _source(name: str) -> str:
+    return resources.files(__package__).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+
+
+_PRELUDE = _source("_prelude")
+SOURCES = {name: _PRELUDE + _source(name) for name in NAMES}
+
+
+class Scripts:
+    """The registered scripts of one Redis client."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._scripts: dict[str, Script] = {
+            name: client.register_script(src) for name, src in SOURCES.items()
+        }
+
+    def run(self, name: str, keys: list[str], args: list[str | int]) -> list[Any]:
+        """Run script ``name``; answers its reply table (bytes elements)."""
+        reply = self._scripts[name](keys=keys, args=args)
+        if not isinstance(reply, list) or not reply:
+            raise TypeError(f"script {name} answered {reply!r}, not a status table")
+        return reply

@@ -1,0 +1,67 @@
+-- prelude: shared helpers, prepended to every resumeq script when it is registered.
+-- Scripts answer with a table whose first element is a status string; the Python side
+-- turns every status into a typed result or a typed exception.
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+local TERMINAL = { done = true, failed = true, cancelled = true, abandoned = true, dropped = true }
+
+-- A durable write of the job: revision + 1 and the update time; answers the new revision.
+local function bump(job, now)
+  local rev = redis.call('HINCRBY', job, 'revision', 1)
+  redis.call('HSET', job, 'updated_ms', fmt(now))
+  return rev
+end
+
+-- Every revision has an entry in the events stream; followers read these.
+local function event(events, rev, ...)
+  redis.call('XADD', events, '*', 'rev', fmt(rev), ...)
+end
+
+-- A terminal job and everything it owns expire after the retention.
+local function retire(retention_s, ...)
+  local ttl = tonumber(retention_s)
+  if ttl and ttl > 0 then
+    for _, key in ipairs({ ... }) do
+      redis.call('EXPIRE', key, ttl)
+    end
+  end
+end
+
+-- The checks every fenced write makes, in order: the job exists, it was not cancelled,
+-- the caller's token is the lease, the job is in one of the allowed states. Answers nil
+-- when all pass, else the refusal to return.
+local function fence(job, lease, token, allowed)
+  local state = redis.call('HGET', job, 'state')
+  if not state then
+    return { 'not_found' }
+  end
+  if state == 'cancelled' then
+    return { 'cancelled' }
+  end
+  if redis.call('GET', lease) ~= token then
+    return { 'lease_lost', state }
+  end
+  if not allowed[state] then
+    return { 'wrong_state', state }
+  end
+  return nil
+end
+
+local function check_revision(job, expected)
+  if expected ~= '' then
+    local current = redis.call('HGET', job, 'revision')
+    if current ~= expected then
+      return { 'stale_revision', current }
+    end
+  end
+  return nil
+end
+

@@ -1,0 +1,42 @@
+-- acquire: take a queued job's lease (SET NX PX) with a fresh fencing token; attempt + 1,
+-- queued -> running, deadline into the leases zset.
+-- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] queued zset
+-- KEYS[5] events stream
+-- ARGV[1] worker id   ARGV[2] nonce   ARGV[3] lease TTL (ms)
+-- ARGV[4] prompt hash the caller will generate for ('' to skip the check)
+-- Answers: {'ok', token, deadline, <job hash as field, value, ...>} | {'not_found'}
+--   | {'wrong_state', state} | {'busy'} | {'conflict', stored hash}
+local job, lease, leases, queued, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local ttl = tonumber(ARGV[3])
+
+local state = redis.call('HGET', job, 'state')
+if not state then
+  return { 'not_found' }
+end
+if state ~= 'queued' then
+  return { 'wrong_state', state }
+end
+local stored_hash = redis.call('HGET', job, 'prompt_hash')
+if ARGV[4] ~= '' and stored_hash ~= ARGV[4] then
+  return { 'conflict', stored_hash }
+end
+if redis.call('EXISTS', lease) == 1 then
+  return { 'busy' }
+end
+
+local now = now_ms()
+local id = redis.call('HGET', job, 'id')
+local attempt = redis.call('HINCRBY', job, 'attempt', 1)
+local token = fmt(attempt) .. ':' .. ARGV[1] .. ':' .. ARGV[2]
+redis.call('SET', lease, token, 'PX', ttl)
+redis.call('HSET', job, 'state', 'running', 'lease_token', token)
+local rev = bump(job, now)
+local deadline = fmt(now + ttl)
+redis.call('ZADD', leases, deadline, id)
+redis.call('ZREM', queued, id)
+event(events, rev, 'state', 'running', 'attempt', fmt(attempt))
+local out = { 'ok', token, deadline }
+for _, v in ipairs(redis.call('HGETALL', job)) do
+  out[#out + 1] = v
+end
+return out

@@ -1,0 +1,27 @@
+-- cancel: end a job that is not terminal yet. The owner's next renew or flush is refused
+-- with 'cancelled', so it closes its stream.
+-- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] queued zset
+-- KEYS[5] spilled zset   KEYS[6] events stream   KEYS[7] text   KEYS[8] ledger list
+-- ARGV[1] reason   ARGV[2] retention (s)
+-- Answers: {'ok', revision} | {'not_found'} | {'wrong_state', state}
+local job, lease, leases, queued, spilled = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local events, text, ledger = KEYS[6], KEYS[7], KEYS[8]
+
+local state = redis.call('HGET', job, 'state')
+if not state then
+  return { 'not_found' }
+end
+if TERMINAL[state] then
+  return { 'wrong_state', state }
+end
+local now = now_ms()
+local id = redis.call('HGET', job, 'id')
+redis.call('HSET', job, 'state', 'cancelled', 'reason', ARGV[1], 'finished_ms', fmt(now))
+local rev = bump(job, now)
+redis.call('DEL', lease)
+redis.call('ZREM', leases, id)
+redis.call('ZREM', queued, id)
+redis.call('ZREM', spilled, id)
+event(events, rev, 'state', 'cancelled', 'reason', ARGV[1])
+retire(ARGV[2], job, text, events, ledger)
+return { 'ok', fmt(rev) }

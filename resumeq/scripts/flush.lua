@@ -1,0 +1,32 @@
+-- flush: the checkpoint, in one round trip. Checks the fencing token and the expected
+-- revision, APPENDs the delta to the prefix (never rewrites it), spent + n, revision + 1,
+-- XADDs the event, and extends the lease (a flush is proof of life).
+-- KEYS[1] job hash   KEYS[2] text   KEYS[3] lease   KEYS[4] events stream
+-- KEYS[5] leases zset
+-- ARGV[1] fencing token   ARGV[2] expected revision   ARGV[3] delta text
+-- ARGV[4] output tokens in the delta   ARGV[5] '1' if counted exactly, '0' if estimated
+-- ARGV[6] lease TTL (ms), 0 to leave the lease alone
+-- Answers: {'ok', revision, spent, prefix bytes} | {'not_found'} | {'cancelled'}
+--   | {'lease_lost', state} | {'wrong_state', state} | {'stale_revision', current}
+local job, text, lease, events, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local delta, ttl = ARGV[3], tonumber(ARGV[6])
+
+local refused = fence(job, lease, ARGV[1], { running = true })
+  or check_revision(job, ARGV[2])
+if refused then
+  return refused
+end
+
+local now = now_ms()
+local size = redis.call('APPEND', text, delta)
+local spent = redis.call('HINCRBY', job, 'spent_output_tokens', ARGV[4])
+if ARGV[5] ~= '1' then
+  redis.call('HSET', job, 'counts_exact', '0')
+end
+local rev = bump(job, now)
+event(events, rev, 'delta', delta, 'spent', fmt(spent), 'exact', ARGV[5])
+if ttl > 0 then
+  redis.call('PEXPIRE', lease, ttl)
+  redis.call('ZADD', leases, fmt(now + ttl), redis.call('HGET', job, 'id'))
+end
+return { 'ok', fmt(rev), fmt(spent), fmt(size) }

@@ -1,0 +1,41 @@
+-- reap: a janitor takes over a running job whose lease is gone (running -> stalled) with
+-- a lease of its own, so that it can apply the gate through release/finish like a worker.
+-- A stalled job whose janitor died in turn is reaped again. Stale zset entries are removed.
+-- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] events stream
+-- ARGV[1] job id   ARGV[2] janitor id   ARGV[3] nonce   ARGV[4] lease TTL (ms)
+-- Answers: {'ok', token, deadline, <job hash as field, value, ...>} | {'not_found'}
+--   | {'not_running', state} | {'alive', deadline}
+local job, lease, leases, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local id, ttl = ARGV[1], tonumber(ARGV[4])
+
+local state = redis.call('HGET', job, 'state')
+if not state then
+  redis.call('ZREM', leases, id)
+  return { 'not_found' }
+end
+if state ~= 'running' and state ~= 'stalled' then
+  redis.call('ZREM', leases, id)
+  return { 'not_running', state }
+end
+local now = now_ms()
+local pttl = redis.call('PTTL', lease)
+if pttl > 0 then
+  local deadline = fmt(now + pttl)
+  redis.call('ZADD', leases, deadline, id)
+  return { 'alive', deadline }
+end
+
+-- No lease (or one without a TTL, which would never expire): the owner is gone.
+local attempt = redis.call('HGET', job, 'attempt')
+local token = attempt .. ':' .. ARGV[2] .. ':' .. ARGV[3]
+redis.call('SET', lease, token, 'PX', ttl)
+redis.call('HSET', job, 'state', 'stalled', 'lease_token', token)
+local rev = bump(job, now)
+local deadline = fmt(now + ttl)
+redis.call('ZADD', leases, deadline, id)
+event(events, rev, 'state', 'stalled')
+local out = { 'ok', token, deadline }
+for _, v in ipairs(redis.call('HGETALL', job)) do
+  out[#out + 1] = v
+end
+return out

@@ -1,0 +1,48 @@
+-- release: the owner (a worker after a cut, or a janitor after a reap) applies the gate's
+-- exit: back to queued for a retry or continuation, abandoned (terminal, partial text
+-- kept) or spilled (at most once per job). Appends the attempt's ledger record.
+-- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] events stream
+-- KEYS[5] queued zset   KEYS[6] spilled zset   KEYS[7] text   KEYS[8] ledger list
+-- ARGV[1] fencing token   ARGV[2] expected revision ('' for any)
+-- ARGV[3] 'queued' | 'abandoned' | 'spilled'   ARGV[4] reason
+-- ARGV[5] ledger record JSON ('' for none)   ARGV[6] retention (s)
+-- Answers: {'ok', revision} | {'not_found'} | {'cancelled'} | {'lease_lost', state}
+--   | {'wrong_state', state} | {'stale_revision', current} | {'spill_exhausted'}
+--   | {'bad_argument', what}
+local job, lease, leases, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local queued, spilled, text, ledger = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local to_state = ARGV[3]
+
+if to_state ~= 'queued' and to_state ~= 'abandoned' and to_state ~= 'spilled' then
+  return { 'bad_argument', 'state ' .. to_state }
+end
+local refused = fence(job, lease, ARGV[1], { running = true, stalled = true })
+  or check_revision(job, ARGV[2])
+if refused then
+  return refused
+end
+if to_state == 'spilled' and tonumber(redis.call('HGET', job, 'spill_count')) >= 1 then
+  return { 'spill_exhausted' }
+end
+
+local now = now_ms()
+local id = redis.call('HGET', job, 'id')
+redis.call('HSET', job, 'state', to_state, 'reason', ARGV[4])
+local rev = bump(job, now)
+redis.call('DEL', lease)
+redis.call('ZREM', leases, id)
+if ARGV[5] ~= '' then
+  redis.call('RPUSH', ledger, ARGV[5])
+end
+if to_state == 'queued' then
+  redis.call('ZADD', queued, fmt(now), id)
+elseif to_state == 'spilled' then
+  redis.call('HINCRBY', job, 'spill_count', 1)
+  redis.call('HSET', job, 'spilled_ms', fmt(now))
+  redis.call('ZADD', spilled, fmt(now), id)
+else
+  redis.call('HSET', job, 'finished_ms', fmt(now))
+  retire(ARGV[6], job, text, events, ledger)
+end
+event(events, rev, 'state', to_state, 'reason', ARGV[4])
+return { 'ok', fmt(rev) }

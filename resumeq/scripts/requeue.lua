@@ -1,0 +1,35 @@
+-- requeue: an operator sends a spilled job back to a queue (spilled -> queued), maybe to
+-- another queue or with another provider profile (a reserved or paid lane). Its spill
+-- count stays: a job that fails again after a spill goes to failed, never back to spill.
+-- KEYS[1] job hash   KEYS[2] queued zset   KEYS[3] spilled zset   KEYS[4] events stream
+-- ARGV[1] queue ('' to keep)   ARGV[2] spec JSON ('' to keep)   ARGV[3] its prompt hash
+-- ARGV[4] revision the operator looked at ('' for any)
+-- Answers: {'ok', revision} | {'not_found'} | {'wrong_state', state}
+--   | {'stale_revision', current}
+local job, queued, spilled, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+
+local state = redis.call('HGET', job, 'state')
+if not state then
+  return { 'not_found' }
+end
+if state ~= 'spilled' then
+  return { 'wrong_state', state }
+end
+local refused = check_revision(job, ARGV[4])
+if refused then
+  return refused
+end
+local now = now_ms()
+local id = redis.call('HGET', job, 'id')
+if ARGV[1] ~= '' then
+  redis.call('HSET', job, 'queue', ARGV[1])
+end
+if ARGV[2] ~= '' then
+  redis.call('HSET', job, 'spec', ARGV[2], 'prompt_hash', ARGV[3])
+end
+redis.call('HSET', job, 'state', 'queued', 'reason', 'requeued from spill')
+local rev = bump(job, now)
+redis.call('ZREM', spilled, id)
+redis.call('ZADD', queued, fmt(now), id)
+event(events, rev, 'state', 'queued', 'reason', 'requeued from spill')
+return { 'ok', fmt(rev) }

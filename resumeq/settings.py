@@ -1,0 +1,174 @@
+"""Settings, loaded in one place and passed down.
+
+Two sources: environment variables with the ``RESUMEQ_`` prefix (``RESUMEQ_REDIS_URL``,
+``RESUMEQ_CONFIG``) and the TOML file that ``RESUMEQ_CONFIG`` names (SPEC §15). Every error
+is a :class:`~resumeq.errors.ConfigError` that names the file and the field.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from resumeq.errors import ConfigError
+from resumeq.spec import Limits
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+_TAIL_RE = re.compile(r"^tail:([1-9][0-9]*)$")
+
+
+class Prices(BaseModel):
+    """Prices per million tokens, for reporting money in the ledger summary."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    input: float = Field(ge=0)
+    cached_input: float | None = Field(default=None, ge=0)
+    output: float = Field(ge=0)
+
+
+class ProviderProfile(BaseModel):
+    """A provider a job may name; its URL and key live only on the workers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["openai", "anthropic", "fake"]
+    base_url: str
+    api_key_env: str | None = None
+    continue_mode: Literal["prefill", "prefill_flag", "continue_final_message", "instruction"] = (
+        "instruction"
+    )
+    counting: Literal["usage", "tokenizer", "chunks"] = "chunks"
+    resume_context: str = "full"
+    stall_timeout_s: float = Field(default=30.0, gt=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    cache_prompt: bool = False
+    prices: Prices | None = None
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^\s/]+", v):
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_key_env(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", v):
+            raise ValueError("must be the name of an environment variable, not the key itself")
+        return v
+
+    @field_validator("resume_context")
+    @classmethod
+    def _check_resume_context(cls, v: str) -> str:
+        if v != "full" and not _TAIL_RE.match(v):
+            raise ValueError('must be "full" or "tail:N" with N > 0')
+        return v
+
+    @property
+    def tail_tokens(self) -> int | None:
+        """N of ``resume_context = "tail:N"``, or None for ``full``."""
+        m = _TAIL_RE.match(self.resume_context)
+        return int(m.group(1)) if m else None
+
+
+class WorkerSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    flush_tokens: int = Field(default=32, gt=0)
+    flush_ms: int = Field(default=250, gt=0)
+    lease_ttl_ms: int = Field(default=15_000, ge=100)
+    queues: tuple[str, ...] = ("resumeq",)
+
+
+class JanitorSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    interval_s: float = Field(default=2.0, gt=0)
+
+
+class StoreSettings(BaseModel):
+    """How long things live in Redis."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: Terminal jobs (and their text, events and ledger) expire after this long.
+    retention_s: int = Field(default=7 * 24 * 3600, gt=0)
+    #: An idempotency key is remembered this long (never longer than the job it names).
+    idempotency_ttl_s: int = Field(default=24 * 3600, gt=0)
+
+
+ProfileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
+
+
+class ConfigFile(BaseModel):
+    """The TOML file of SPEC §15."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    providers: dict[ProfileName, ProviderProfile] = Field(default_factory=dict)
+    worker: WorkerSettings = WorkerSettings()
+    janitor: JanitorSettings = JanitorSettings()
+    store: StoreSettings = StoreSettings()
+    limits: Limits = Limits()
+
+
+class EnvSettings(BaseSettings):
+    """What the environment says: where Redis is and which config file to read."""
+
+    model_config = SettingsConfigDict(env_prefix="RESUMEQ_", extra="ignore")
+
+    redis_url: str = DEFAULT_REDIS_URL
+    config: Path | None = None
+
+
+class Settings(BaseModel):
+    """Everything resumeq is configured with, resolved once."""
+
+    model_config = ConfigDict(frozen=True)
+
+    redis_url: str = DEFAULT_REDIS_URL
+    config_path: Path | None = None
+    file: ConfigFile = ConfigFile()
+
+    def profile(self, name: str) -> ProviderProfile:
+        try:
+            return self.file.providers[name]
+        except KeyError:
+            known = ", ".join(sorted(self.file.providers)) or "none configured"
+            raise ConfigError(f"unknown provider profile {name!r} (known: {known})") from None
+
+
+def load_config_file(path: Path) -> ConfigFile:
+    """Read and validate a TOML config file."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    try:
+        return ConfigFile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ConfigError(f"config file {path}: {where}: {first['msg']}{more}") from None
+
+
+def load_settings(*, redis_url: str | None = None, config_path: Path | None = None) -> Settings:
+    """Resolve settings: explicit arguments, then ``RESUMEQ_*`` variables, then defaults."""
+    try:
+        env = EnvSettings()
+    except ValidationError as exc:
+        raise ConfigError(f"invalid RESUMEQ_* environment variable: {exc}") from None
+    path = config_path or env.config
+    file = load_config_file(path) if path is not None else ConfigFile()
+    return Settings(redis_url=redis_url or env.redis_url, config_path=path, file=file)

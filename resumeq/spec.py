@@ -1,0 +1,337 @@
+"""What a producer submits: the JobSpec, its limits, and the canonical prompt hash.
+
+A spec names a provider *profile* (configured on the workers, where the API keys live),
+never a URL, a header or a key: a producer must not be able to point workers at an
+arbitrary host. Every field that is a short identifier is checked for things that look
+like a URL or a credential and refused with a message that names the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from resumeq.errors import FieldError, InvalidSpec
+from resumeq.keys import IDEMPOTENCY_KEY_RE
+
+#: Version of the canonical form hashed by :meth:`JobSpec.prompt_hash`.
+PROMPT_HASH_VERSION = 1
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://|^//|^www\.", re.IGNORECASE)
+_SECRET_RES = (
+    re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"),  # OpenAI, Anthropic (sk-ant-…), DeepSeek
+    re.compile(r"\bAKIA[0-9A-Z]{16}\b"),  # AWS access key id
+    re.compile(r"\bAIza[0-9A-Za-z_-]{30,}"),  # Google API key
+    re.compile(r"\b(?:ghp|gho|ghs|github_pat)_[A-Za-z0-9_]{20,}"),  # GitHub tokens
+    re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"),  # Slack tokens
+    re.compile(r"\bhf_[A-Za-z0-9]{20,}"),  # Hugging Face tokens
+    re.compile(r"^\s*(?:bearer|basic)\s+\S{8,}", re.IGNORECASE),  # an Authorization header
+)
+
+
+def looks_like_url(value: str) -> bool:
+    return bool(_URL_RE.search(value.strip()))
+
+
+def looks_like_secret(value: str) -> bool:
+    return any(p.search(value) for p in _SECRET_RES)
+
+
+def _refuse_url_or_secret(value: str, what: str) -> str:
+    if looks_like_url(value):
+        raise ValueError(f"must be {what}, not a URL")
+    if looks_like_secret(value):
+        raise ValueError(f"must be {what}; it looks like a credential, which a job never carries")
+    return value
+
+
+class Limits(BaseModel):
+    """Size limits a spec must respect; configured on the producer and worker side."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_messages: int = Field(default=256, gt=0)
+    max_prompt_bytes: int = Field(default=1_048_576, gt=0)
+    max_budget_tokens: int = Field(default=65_536, gt=0)
+    max_metadata_bytes: int = Field(default=4_096, gt=0)
+    max_hooks: int = Field(default=8, ge=0)
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def _limits(info: ValidationInfo) -> Limits:
+    ctx = info.context
+    if isinstance(ctx, Mapping):
+        limits = ctx.get("limits")
+        if isinstance(limits, Limits):
+            return limits
+    return DEFAULT_LIMITS
+
+
+class Role(StrEnum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+class Message(BaseModel):
+    """One chat message with text content."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Role
+    content: str
+
+
+class GenerationParams(BaseModel):
+    """Sampling parameters that change the answer, and so the prompt hash."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stop: tuple[str, ...] | None = Field(default=None, max_length=4)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_sequences(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is not None and any(not s or len(s) > 64 for s in v):
+            raise ValueError("each stop sequence must be 1 to 64 characters")
+        return v
+
+
+class ExitPolicy(BaseModel):
+    """The exit chosen before the call: what a cut leads to."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    on_cut: Literal["resume", "abandon", "spill"] = "resume"
+    #: A droppable job abandons (keeping its partial text) where a non-droppable one spills.
+    droppable: bool = False
+    max_attempts: int = Field(default=5, ge=1, le=50)
+
+
+class JobSpec(BaseModel):
+    """One generation request, validated at enqueue.
+
+    Give either ``messages`` or ``prompt`` (a single user message). Unknown fields are
+    refused, so a ``base_url``, ``api_key`` or ``headers`` field can never slip through.
+    Limits come from the validation context (``context={"limits": Limits(...)}``), else
+    the defaults.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    messages: tuple[Message, ...] | None = None
+    prompt: str | None = Field(default=None, validate_default=True)
+    provider: str
+    model: str
+    budget_tokens: int = Field(gt=0)
+    floor_tokens: int = Field(default=32, ge=1, validate_default=True)
+    params: GenerationParams = GenerationParams()
+    exit: ExitPolicy = ExitPolicy()
+    idempotency_key: str | None = None
+    require_exact_counts: bool = False
+    byte_exact: bool = False
+    metadata: dict[str, JsonValue] = Field(default_factory=dict, validate_default=True)
+    hooks: tuple[str, ...] = ()
+
+    @field_validator("messages")
+    @classmethod
+    def _check_messages(
+        cls, v: tuple[Message, ...] | None, info: ValidationInfo
+    ) -> tuple[Message, ...] | None:
+        if v is None:
+            return v
+        limits = _limits(info)
+        if not v:
+            raise ValueError("must hold at least one message")
+        if len(v) > limits.max_messages:
+            raise ValueError(f"at most {limits.max_messages} messages, got {len(v)}")
+        if not any(m.role is Role.USER for m in v):
+            raise ValueError("must hold at least one user message")
+        size = sum(len(m.content.encode("utf-8")) for m in v)
+        if size > limits.max_prompt_bytes:
+            limit = limits.max_prompt_bytes
+            raise ValueError(f"content is {size} bytes, over the limit of {limit}")
+        return v
+
+    @field_validator("prompt")
+    @classmethod
+    def _check_prompt(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # A field that failed its own validation is absent from info.data: say nothing more.
+        has_messages = info.data.get("messages") is not None
+        if v is None:
+            if "messages" in info.data and not has_messages:
+                raise ValueError("give either messages or prompt")
+            return v
+        if has_messages:
+            raise ValueError("give either messages or prompt, not both")
+        if not v.strip():
+            raise ValueError("must not be empty")
+        limits = _limits(info)
+        size = len(v.encode("utf-8"))
+        if size > limits.max_prompt_bytes:
+            raise ValueError(f"is {size} bytes, over the limit of {limits.max_prompt_bytes}")
+        return v
+
+    @field_validator("provider")
+    @classmethod
+    def _check_provider(cls, v: str) -> str:
+        what = "the name of a provider profile configured on the workers"
+        _refuse_url_or_secret(v, what)
+        if not _NAME_RE.match(v):
+            raise ValueError(f"must be {what} (letters, digits, '_', '.', '-'; up to 64)")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, v: str) -> str:
+        _refuse_url_or_secret(v, "a model name")
+        if not _MODEL_RE.match(v):
+            raise ValueError("must be a model name (no white space; up to 200 characters)")
+        return v
+
+    @field_validator("budget_tokens")
+    @classmethod
+    def _check_budget(cls, v: int, info: ValidationInfo) -> int:
+        limit = _limits(info).max_budget_tokens
+        if v > limit:
+            raise ValueError(f"must be at most {limit}, got {v}")
+        return v
+
+    @field_validator("floor_tokens")
+    @classmethod
+    def _check_floor(cls, v: int, info: ValidationInfo) -> int:
+        budget = info.data.get("budget_tokens")
+        if budget is not None and v >= budget:
+            raise ValueError(f"must be less than budget_tokens ({budget}), got {v}")
+        return v
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _check_idempotency_key(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        _refuse_url_or_secret(v, "an opaque key")
+        if not IDEMPOTENCY_KEY_RE.match(v):
+            raise ValueError("must be 1 to 200 characters from [A-Za-z0-9_.:@/+=-]")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _check_metadata(cls, v: dict[str, JsonValue], info: ValidationInfo) -> dict[str, JsonValue]:
+        limit = _limits(info).max_metadata_bytes
+        size = len(json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+        if size > limit:
+            raise ValueError(f"is {size} bytes as JSON, over the limit of {limit}")
+        for key in v:
+            if not key or len(key) > 64:
+                raise ValueError(f"key {key[:70]!r} must be 1 to 64 characters")
+        for s in _strings(v):
+            _refuse_url_or_secret(s, "plain data")
+        return v
+
+    @field_validator("hooks")
+    @classmethod
+    def _check_hooks(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        limit = _limits(info).max_hooks
+        if len(v) > limit:
+            raise ValueError(f"at most {limit} hooks, got {len(v)}")
+        for name in v:
+            _refuse_url_or_secret(name, "the name of a hook registered on the workers")
+            if not _NAME_RE.match(name):
+                raise ValueError(f"hook name {name[:70]!r} must match {_NAME_RE.pattern}")
+        if len(set(v)) != len(v):
+            raise ValueError("names a hook twice")
+        return v
+
+    @property
+    def chat(self) -> tuple[Message, ...]:
+        """The messages, with ``prompt`` turned into one user message."""
+        if self.messages is not None:
+            return self.messages
+        assert self.prompt is not None  # the validators guarantee one of them
+        return (Message(role=Role.USER, content=self.prompt),)
+
+    def prompt_hash(self) -> str:
+        """SHA-256 over a canonical JSON of what determines the answer.
+
+        Provider, model, messages (``prompt`` and its one-message form hash the same) and
+        generation parameters; not the budget, the exit policy or the metadata. A
+        continuation whose spec hashes differently is refused: a cursor is never spliced
+        onto an edited prompt.
+        """
+        canonical = {
+            "v": PROMPT_HASH_VERSION,
+            "provider": self.provider,
+            "model": self.model,
+            "messages": [{"role": m.role.value, "content": m.content} for m in self.chat],
+            "params": self.params.model_dump(mode="json", exclude_none=True),
+        }
+        blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_defaults=True)
+
+
+def _strings(value: JsonValue) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, item in value.items() for s in [k, *_strings(item)]]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return []
+
+
+def parse_spec(data: JobSpec | Mapping[str, Any], *, limits: Limits | None = None) -> JobSpec:
+    """Validate ``data`` into a JobSpec, or raise :class:`InvalidSpec` naming each field.
+
+    A JobSpec already built is validated again against ``limits`` (which may be tighter
+    than the defaults it was built with).
+    """
+    raw: Any = data.model_dump(exclude_defaults=True) if isinstance(data, JobSpec) else data
+    if not isinstance(raw, Mapping):
+        raise InvalidSpec([FieldError("spec", f"must be an object, got {type(raw).__name__}")])
+    try:
+        return JobSpec.model_validate(raw, context={"limits": limits or DEFAULT_LIMITS})
+    except ValidationError as exc:
+        raise InvalidSpec(_field_errors(exc)) from None
+
+
+def parse_spec_json(blob: str | bytes, *, limits: Limits | None = None) -> JobSpec:
+    """Like :func:`parse_spec`, from JSON text."""
+    try:
+        data = json.loads(blob)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidSpec([FieldError("spec", f"is not valid JSON: {exc}")]) from None
+    return parse_spec(data, limits=limits)
+
+
+def _field_errors(exc: ValidationError) -> list[FieldError]:
+    out = []
+    for err in exc.errors(include_url=False, include_input=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "spec"
+        msg = err["msg"].removeprefix("Value error, ")
+        out.append(FieldError(loc, msg))
+    return out

@@ -1,0 +1,505 @@
+"""The fenced job store: a small API over the Lua scripts.
+
+Every method is one round trip (one script, or one read). Every refusal a script answers
+becomes a typed exception from :mod:`resumeq.errors`; redis-py's errors are translated
+here, once. The store works on a bytes-mode Redis client (the one RQ uses too).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Literal, NoReturn
+
+import redis
+
+from resumeq import keys
+from resumeq.errors import (
+    IdempotencyConflict,
+    InvalidTransition,
+    JobCancelled,
+    JobNotFound,
+    LeaseLost,
+    RedisUnavailable,
+    SpillExhausted,
+    StaleRevision,
+    StoreError,
+)
+from resumeq.models import Acquired, CreateResult, FlushResult, JobRecord, Lease
+from resumeq.scripts import Scripts
+from resumeq.settings import StoreSettings
+from resumeq.spec import DEFAULT_LIMITS, JobSpec, Limits, parse_spec
+
+DEFAULT_QUEUE = "resumeq"
+
+_QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+_OWNER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,100}$")
+
+
+def _s(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _pairs(flat: list[Any]) -> dict[str, str]:
+    it = iter(_s(v) for v in flat)
+    return dict(zip(it, it, strict=True))
+
+
+def check_queue(name: str) -> str:
+    if not _QUEUE_RE.match(name):
+        raise ValueError(f"malformed queue name {name!r}")
+    return name
+
+
+def _check_owner(name: str) -> str:
+    if not _OWNER_RE.match(name):
+        raise ValueError(f"malformed worker or janitor id {name!r}")
+    return name
+
+
+@contextmanager
+def _redis_errors(op: str) -> Iterator[None]:
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise RedisUnavailable(f"{op}: Redis unreachable: {exc}") from exc
+    except redis.RedisError as exc:
+        raise StoreError(f"{op}: Redis answered an error: {exc}") from exc
+
+
+class ReapResult:
+    """What a reap found: ``reaped`` (with the janitor's lease), ``alive`` or ``gone``."""
+
+    __slots__ = ("acquired", "state", "status")
+
+    def __init__(
+        self,
+        status: Literal["reaped", "alive", "gone"],
+        *,
+        acquired: Acquired | None = None,
+        state: str | None = None,
+    ) -> None:
+        self.status = status
+        self.acquired = acquired
+        self.state = state
+
+    def __repr__(self) -> str:
+        return f"ReapResult({self.status!r}, state={self.state!r})"
+
+
+class Store:
+    """Jobs in Redis, written only through fenced scripts."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        settings: StoreSettings | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        self.redis = client
+        self.settings = settings or StoreSettings()
+        self.limits = limits or DEFAULT_LIMITS
+        self._scripts = Scripts(client)
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> Store:
+        try:
+            client = redis.Redis.from_url(url)
+        except ValueError as exc:
+            raise StoreError(f"invalid Redis URL: {exc}") from None
+        return cls(client, **kwargs)
+
+    # -- producer side -------------------------------------------------------------------
+
+    def create(
+        self,
+        spec: JobSpec | Mapping[str, Any],
+        *,
+        queue: str = DEFAULT_QUEUE,
+        job_id: str | None = None,
+    ) -> CreateResult:
+        """Validate ``spec`` and write the job record (state ``queued``, cursor 0).
+
+        Raises :class:`~resumeq.errors.InvalidSpec` before anything is written. With an
+        idempotency key, a second create answers the first job's id (``created=False``),
+        or raises :class:`~resumeq.errors.IdempotencyConflict` if the prompt differs.
+        """
+        spec = parse_spec(spec, limits=self.limits)
+        check_queue(queue)
+        job_id = keys.check_job_id(job_id) if job_id is not None else uuid.uuid4().hex
+        job_keys = [keys.job(job_id), keys.QUEUED]
+        if spec.idempotency_key is not None:
+            job_keys.append(keys.idempotency(spec.idempotency_key))
+        ttl = min(self.settings.idempotency_ttl_s, self.settings.retention_s)
+        args: list[str | int] = [
+            job_id,
+            spec.to_json(),
+            spec.prompt_hash(),
+            spec.budget_tokens,
+            spec.floor_tokens,
+            queue,
+            ttl,
+            spec.idempotency_key or "",
+        ]
+        status, *rest = self._run("create", job_keys, args, job_id)
+        bound_id = _s(rest[0])
+        if status == "created":
+            return CreateResult(id=bound_id, created=True)
+        if status == "exists":
+            return CreateResult(id=bound_id, created=False)
+        if status == "idempotency_conflict":
+            raise IdempotencyConflict(
+                f"idempotency key {spec.idempotency_key!r} is bound to job {bound_id} "
+                "whose prompt differs",
+                job_id=job_id,
+                existing_job_id=bound_id,
+            )
+        if status == "id_taken":
+            raise StoreError(f"job id {job_id} is already taken", job_id=job_id)
+        self._refused(status, rest, job_id, "create")
+
+    def cancel(self, job_id: str, *, reason: str = "cancelled") -> int:
+        """Cancel a job that is not terminal; answers the new revision."""
+        job_keys = [
+            keys.job(job_id),
+            keys.lease(job_id),
+            keys.LEASES,
+            keys.QUEUED,
+            keys.SPILLED,
+            keys.events(job_id),
+            keys.text(job_id),
+            keys.ledger(job_id),
+        ]
+        status, *rest = self._run("cancel", job_keys, [reason, self.settings.retention_s], job_id)
+        if status != "ok":
+            self._refused(status, rest, job_id, "cancel")
+        return int(rest[0])
+
+    # -- operator side (the spill lane) ---------------------------------------------------
+
+    def requeue(
+        self,
+        job_id: str,
+        *,
+        queue: str | None = None,
+        provider: str | None = None,
+        expected_revision: int | None = None,
+    ) -> int:
+        """Send a spilled job back to a queue, maybe another one or another provider.
+
+        Naming another provider profile re-pins the prompt hash to the edited spec: the
+        operator chose to continue the stored prefix there. Answers the new revision.
+        """
+        spec_json, new_hash = "", ""
+        if provider is not None:
+            spec = self.get(job_id).spec.model_copy(update={"provider": provider})
+            spec = parse_spec(spec, limits=self.limits)
+            spec_json, new_hash = spec.to_json(), spec.prompt_hash()
+        job_keys = [keys.job(job_id), keys.QUEUED, keys.SPILLED, keys.events(job_id)]
+        args: list[str | int] = [
+            check_queue(queue) if queue is not None else "",
+            spec_json,
+            new_hash,
+            "" if expected_revision is None else expected_revision,
+        ]
+        status, *rest = self._run("requeue", job_keys, args, job_id)
+        if status != "ok":
+            self._refused(status, rest, job_id, "requeue", expected_revision)
+        return int(rest[0])
+
+    def drop(self, job_id: str, *, reason: str = "dropped by operator") -> int:
+        """Give up on a spilled job (terminal; its partial text stays readable)."""
+        job_keys = [
+            keys.job(job_id),
+            keys.SPILLED,
+            keys.events(job_id),
+            keys.text(job_id),
+            keys.ledger(job_id),
+        ]
+        status, *rest = self._run("drop", job_keys, [reason, self.settings.retention_s], job_id)
+        if status != "ok":
+            self._refused(status, rest, job_id, "drop")
+        return int(rest[0])
+
+    def spilled(self, *, limit: int = 1000) -> list[str]:
+        """Ids of spilled jobs, oldest spill first."""
+        with _redis_errors("spilled"):
+            ids = self.redis.zrange(keys.SPILLED, 0, limit - 1)
+        return [_s(i) for i in ids]
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> JobRecord:
+        with _redis_errors("get"):
+            fields = self.redis.hgetall(keys.job(job_id))
+        if not fields:
+            raise JobNotFound(f"no job {job_id}", job_id=job_id)
+        return JobRecord.from_hash({_s(k): _s(v) for k, v in fields.items()})
+
+    def text(self, job_id: str) -> str:
+        """The durable prefix (the whole text once the job is done)."""
+        with _redis_errors("text"):
+            raw = self.redis.get(keys.text(job_id))
+        return _s(raw) if raw is not None else ""
+
+    def ledger(self, job_id: str) -> list[dict[str, Any]]:
+        with _redis_errors("ledger"):
+            raw = self.redis.lrange(keys.ledger(job_id), 0, -1)
+        return [json.loads(_s(item)) for item in raw]
+
+    def expired_leases(self, *, limit: int = 100) -> list[str]:
+        """Ids of jobs whose lease deadline (Redis server time) has passed."""
+        with _redis_errors("expired_leases"):
+            sec, usec = self.redis.time()
+            now_ms = sec * 1000 + usec // 1000
+            ids = self.redis.zrangebyscore(keys.LEASES, "-inf", now_ms, start=0, num=limit)
+        return [_s(i) for i in ids]
+
+    # -- owner side ----------------------------------------------------------------------
+
+    def acquire(
+        self, job_id: str, *, worker: str, ttl_ms: int, prompt_hash: str | None = None
+    ) -> Acquired:
+        """Take a queued job's lease: attempt + 1, ``queued`` → ``running``.
+
+        With ``prompt_hash``, a job whose stored hash differs is refused with
+        :class:`~resumeq.errors.InvalidTransition` (state ``conflict``).
+        """
+        job_keys = [
+            keys.job(job_id),
+            keys.lease(job_id),
+            keys.LEASES,
+            keys.QUEUED,
+            keys.events(job_id),
+        ]
+        args: list[str | int] = [
+            _check_owner(worker),
+            secrets.token_hex(6),
+            _positive(ttl_ms, "ttl_ms"),
+            prompt_hash or "",
+        ]
+        status, *rest = self._run("acquire", job_keys, args, job_id)
+        if status == "ok":
+            return self._acquired(job_id, rest, ttl_ms)
+        if status == "busy":
+            raise InvalidTransition(
+                f"job {job_id} already has a lease", job_id=job_id, state="running"
+            )
+        if status == "conflict":
+            raise InvalidTransition(
+                f"job {job_id}: prompt hash differs from the stored one ({_s(rest[0])[:12]}…); "
+                "a cursor is never spliced onto an edited prompt",
+                job_id=job_id,
+                state="conflict",
+            )
+        self._refused(status, rest, job_id, "acquire")
+
+    def renew(self, lease: Lease) -> Lease:
+        """Extend the lease by its TTL; refused once it is lost or the job cancelled."""
+        job_id = lease.job_id
+        job_keys = [keys.job(job_id), keys.lease(job_id), keys.LEASES]
+        status, *rest = self._run("renew", job_keys, [lease.token, lease.ttl_ms], job_id)
+        if status != "ok":
+            self._refused(status, rest, job_id, "renew")
+        return lease.model_copy(update={"deadline_ms": int(rest[0])})
+
+    def flush(
+        self,
+        lease: Lease,
+        *,
+        expected_revision: int,
+        delta: str,
+        tokens: int,
+        exact: bool = True,
+        extend_lease: bool = True,
+    ) -> FlushResult:
+        """Checkpoint ``delta`` (``tokens`` output tokens) onto the prefix.
+
+        One round trip: token and revision checks, APPEND, cursor and revision update,
+        the event, and (``extend_lease``) the lease extension.
+        """
+        job_id = lease.job_id
+        job_keys = [
+            keys.job(job_id),
+            keys.text(job_id),
+            keys.lease(job_id),
+            keys.events(job_id),
+            keys.LEASES,
+        ]
+        args: list[str | int] = [
+            lease.token,
+            _non_negative(expected_revision, "expected_revision"),
+            delta,
+            _non_negative(tokens, "tokens"),
+            "1" if exact else "0",
+            lease.ttl_ms if extend_lease else 0,
+        ]
+        status, *rest = self._run("flush", job_keys, args, job_id)
+        if status != "ok":
+            self._refused(status, rest, job_id, "flush", expected_revision)
+        return FlushResult(
+            revision=int(rest[0]), spent_output_tokens=int(rest[1]), prefix_bytes=int(rest[2])
+        )
+
+    def finish(
+        self,
+        lease: Lease,
+        *,
+        state: Literal["done", "failed"],
+        finish_reason: str = "",
+        error: str = "",
+        ledger: Mapping[str, Any] | None = None,
+        expected_revision: int | None = None,
+    ) -> int:
+        """End the job as ``done`` or ``failed``; answers the new revision."""
+        job_id = lease.job_id
+        job_keys = [
+            keys.job(job_id),
+            keys.lease(job_id),
+            keys.LEASES,
+            keys.events(job_id),
+            keys.text(job_id),
+            keys.ledger(job_id),
+        ]
+        args: list[str | int] = [
+            lease.token,
+            "" if expected_revision is None else expected_revision,
+            state,
+            finish_reason,
+            error,
+            _ledger_json(ledger),
+            self.settings.retention_s,
+        ]
+        status, *rest = self._run("finish", job_keys, args, job_id)
+        if status != "ok":
+            self._refused(status, rest, job_id, "finish", expected_revision)
+        return int(rest[0])
+
+    def release(
+        self,
+        lease: Lease,
+        *,
+        to: Literal["queued", "abandoned", "spilled"],
+        reason: str,
+        ledger: Mapping[str, Any] | None = None,
+        expected_revision: int | None = None,
+    ) -> int:
+        """Apply the gate's exit and give up the lease; answers the new revision.
+
+        A second spill of the same job is refused with
+        :class:`~resumeq.errors.SpillExhausted`.
+        """
+        job_id = lease.job_id
+        job_keys = [
+            keys.job(job_id),
+            keys.lease(job_id),
+            keys.LEASES,
+            keys.events(job_id),
+            keys.QUEUED,
+            keys.SPILLED,
+            keys.text(job_id),
+            keys.ledger(job_id),
+        ]
+        args: list[str | int] = [
+            lease.token,
+            "" if expected_revision is None else expected_revision,
+            to,
+            reason,
+            _ledger_json(ledger),
+            self.settings.retention_s,
+        ]
+        status, *rest = self._run("release", job_keys, args, job_id)
+        if status != "ok":
+            self._refused(status, rest, job_id, "release", expected_revision)
+        return int(rest[0])
+
+    # -- janitor side --------------------------------------------------------------------
+
+    def reap(self, job_id: str, *, janitor: str, ttl_ms: int) -> ReapResult:
+        """Take over a running job whose lease is gone (``running`` → ``stalled``)."""
+        job_keys = [keys.job(job_id), keys.lease(job_id), keys.LEASES, keys.events(job_id)]
+        args: list[str | int] = [
+            job_id,
+            _check_owner(janitor),
+            secrets.token_hex(6),
+            _positive(ttl_ms, "ttl_ms"),
+        ]
+        status, *rest = self._run("reap", job_keys, args, job_id)
+        if status == "ok":
+            acquired = self._acquired(job_id, rest, ttl_ms)
+            return ReapResult("reaped", acquired=acquired, state="stalled")
+        if status == "alive":
+            return ReapResult("alive", state="running")
+        if status == "not_running":
+            return ReapResult("gone", state=_s(rest[0]))
+        if status == "not_found":
+            return ReapResult("gone")
+        self._refused(status, rest, job_id, "reap")
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def _run(self, name: str, job_keys: list[str], args: list[str | int], job_id: str) -> list[Any]:
+        with _redis_errors(name):
+            reply = self._scripts.run(name, job_keys, args)
+        return [_s(reply[0]), *reply[1:]]
+
+    def _acquired(self, job_id: str, rest: list[Any], ttl_ms: int) -> Acquired:
+        token, deadline, *flat = rest
+        lease = Lease(job_id=job_id, token=_s(token), deadline_ms=int(deadline), ttl_ms=ttl_ms)
+        return Acquired(lease=lease, record=JobRecord.from_hash(_pairs(flat)))
+
+    def _refused(
+        self,
+        status: str,
+        rest: list[Any],
+        job_id: str,
+        op: str,
+        expected_revision: int | None = None,
+    ) -> NoReturn:
+        detail = _s(rest[0]) if rest else ""
+        if status == "not_found":
+            raise JobNotFound(f"{op}: no job {job_id}", job_id=job_id)
+        if status == "cancelled":
+            raise JobCancelled(f"{op}: job {job_id} was cancelled", job_id=job_id)
+        if status == "lease_lost":
+            raise LeaseLost(
+                f"{op}: job {job_id}: this fencing token no longer holds the lease",
+                job_id=job_id,
+            )
+        if status == "stale_revision":
+            raise StaleRevision(
+                f"{op}: job {job_id} is at revision {detail}, not {expected_revision}",
+                job_id=job_id,
+                expected=expected_revision if expected_revision is not None else -1,
+                current=int(detail),
+            )
+        if status == "spill_exhausted":
+            raise SpillExhausted(
+                f"{op}: job {job_id} has spilled once already; spill is not a loop",
+                job_id=job_id,
+                state="spilled",
+            )
+        if status == "wrong_state":
+            raise InvalidTransition(f"{op}: job {job_id} is {detail}", job_id=job_id, state=detail)
+        raise StoreError(f"{op}: job {job_id}: unexpected script answer {status!r} {detail}")
+
+
+def _ledger_json(entry: Mapping[str, Any] | None) -> str:
+    return "" if entry is None else json.dumps(dict(entry), separators=(",", ":"))
+
+
+def _positive(value: int, name: str) -> int:
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    return value
+
+
+def _non_negative(value: int, name: str) -> int:
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return value

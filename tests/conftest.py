@@ -1,0 +1,51 @@
+"""Shared fixtures: a real redis-server for the session, flushed between tests, and the
+store over it; contract tests run the store a second time on fakeredis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+import redis
+
+from resumeq.store import Store
+from resumeq.testing import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushall()
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def real_store(redis_client: redis.Redis) -> Store:
+    return Store(redis_client)
+
+
+@pytest.fixture(params=["redis-server", "fakeredis"])
+def store(request: pytest.FixtureRequest) -> Iterator[Store]:
+    """The store on a real redis-server, then on fakeredis (the embedded demo's Redis)."""
+    if request.param == "redis-server":
+        yield Store(request.getfixturevalue("redis_client"))
+        return
+    client = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    try:
+        yield Store(client)
+    finally:
+        client.close()

@@ -1,0 +1,191 @@
+"""JobSpec validation and the prompt hash; refused specs write nothing to Redis."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+import redis
+
+from resumeq.errors import InvalidSpec
+from resumeq.spec import JobSpec, Limits, parse_spec, parse_spec_json
+from resumeq.store import Store
+
+SMALL = Limits(max_messages=3, max_prompt_bytes=100, max_budget_tokens=1000, max_metadata_bytes=60)
+
+
+def valid(**over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Name three rivers."},
+        ],
+        "provider": "local",
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "budget_tokens": 500,
+    }
+    base.update(over)
+    return {k: v for k, v in base.items() if v is not DROP}
+
+
+DROP = object()
+
+# (field the error must name, the change that makes the spec invalid)
+INVALID: list[tuple[str, dict[str, Any]]] = [
+    ("messages", {"messages": []}),
+    ("messages", {"messages": [{"role": "user", "content": "x"}] * 4}),
+    ("messages", {"messages": [{"role": "system", "content": "only a system message"}]}),
+    ("messages", {"messages": [{"role": "user", "content": "x" * 101}]}),
+    ("messages.0.role", {"messages": [{"role": "tool", "content": "x"}]}),
+    ("messages.0.content", {"messages": [{"role": "user", "content": 5}]}),
+    ("messages.0.name", {"messages": [{"role": "user", "content": "x", "name": "n"}]}),
+    ("messages", {"messages": "not a list"}),
+    ("prompt", {"prompt": "also a prompt"}),
+    ("prompt", {"messages": DROP}),
+    ("prompt", {"messages": DROP, "prompt": "   "}),
+    ("prompt", {"messages": DROP, "prompt": "é" * 51}),
+    ("provider", {"provider": "https://attacker.example/v1"}),
+    ("provider", {"provider": "sk-ant-api03-abcdefghijklmnopqrstuvwxyz"}),
+    ("provider", {"provider": "my provider"}),
+    ("provider", {"provider": ""}),
+    ("provider", {"provider": DROP}),
+    ("model", {"model": "http://10.0.0.1:8000/v1"}),
+    ("model", {"model": "gpt 4"}),
+    ("model", {"model": ""}),
+    ("budget_tokens", {"budget_tokens": 0}),
+    ("budget_tokens", {"budget_tokens": -5}),
+    ("budget_tokens", {"budget_tokens": 1001}),
+    ("budget_tokens", {"budget_tokens": "lots"}),
+    ("budget_tokens", {"budget_tokens": DROP}),
+    ("floor_tokens", {"floor_tokens": 500}),
+    ("floor_tokens", {"floor_tokens": 900}),
+    ("floor_tokens", {"floor_tokens": 0}),
+    ("params.temperature", {"params": {"temperature": 3}}),
+    ("params.top_p", {"params": {"top_p": 0}}),
+    ("params.stop", {"params": {"stop": ["a", "b", "c", "d", "e"]}}),
+    ("params.logit_bias", {"params": {"logit_bias": {}}}),
+    ("exit.on_cut", {"exit": {"on_cut": "retry-forever"}}),
+    ("exit.max_attempts", {"exit": {"max_attempts": 0}}),
+    ("idempotency_key", {"idempotency_key": ""}),
+    ("idempotency_key", {"idempotency_key": "has space"}),
+    ("idempotency_key", {"idempotency_key": "https://example.com/cb"}),
+    ("metadata", {"metadata": {"note": "x" * 80}}),
+    ("metadata", {"metadata": {"callback": "https://example.com/hook"}}),
+    ("metadata", {"metadata": {"auth": "Bearer abcdefghijklmnop"}}),
+    ("metadata", {"metadata": {"nested": {"k": ["sk-proj-abcdefghijklmnopqrstu"]}}}),
+    ("hooks", {"hooks": ["https://example.com/webhook"]}),
+    ("hooks", {"hooks": ["notify", "notify"]}),
+    ("require_exact_counts", {"require_exact_counts": "sometimes"}),
+    ("byte_exact", {"byte_exact": [1]}),
+    ("base_url", {"base_url": "https://attacker.example"}),
+    ("api_key", {"api_key": "sk-abcdefghijklmnopqrstuvwx"}),
+    ("headers", {"headers": {"Authorization": "Bearer x"}}),
+]
+
+
+@pytest.mark.parametrize(
+    ("field", "change"), INVALID, ids=[f"{f}-{i}" for i, (f, _) in enumerate(INVALID)]
+)
+def test_invalid_field_is_named_and_nothing_is_written(
+    real_store: Store, redis_client: redis.Redis, field: str, change: dict[str, Any]
+) -> None:
+    store = Store(redis_client, limits=SMALL)
+    with pytest.raises(InvalidSpec) as info:
+        store.create(valid(**change))
+    assert field in info.value.fields, info.value
+    assert field in str(info.value)
+    assert list(redis_client.scan_iter("*")) == []
+
+
+def test_valid_spec_passes_the_small_limits() -> None:
+    assert parse_spec(valid(), limits=SMALL).budget_tokens == 500
+
+
+def test_limits_come_from_the_caller() -> None:
+    big = valid(budget_tokens=5000)
+    assert parse_spec(big).budget_tokens == 5000
+    with pytest.raises(InvalidSpec, match="budget_tokens: must be at most 1000"):
+        parse_spec(big, limits=SMALL)
+    built = JobSpec.model_validate(big)
+    with pytest.raises(InvalidSpec):
+        parse_spec(built, limits=SMALL)
+
+
+def test_every_error_is_reported_at_once() -> None:
+    with pytest.raises(InvalidSpec) as info:
+        parse_spec(valid(provider="http://x", budget_tokens=0, model=""))
+    assert {"provider", "budget_tokens", "model"} <= set(info.value.fields)
+
+
+def test_not_an_object_or_not_json() -> None:
+    with pytest.raises(InvalidSpec, match="spec: must be an object"):
+        parse_spec([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(InvalidSpec, match="spec: is not valid JSON"):
+        parse_spec_json("{nope")
+    assert parse_spec_json('{"prompt": "hi", "provider": "p", "model": "m", "budget_tokens": 50}')
+
+
+def test_defaults() -> None:
+    s = parse_spec(valid())
+    assert s.floor_tokens == 32 and s.exit.on_cut == "resume" and not s.exit.droppable
+    assert not s.require_exact_counts and not s.byte_exact and s.exit.max_attempts == 5
+
+
+# -- prompt hash -------------------------------------------------------------------------
+
+
+def base_hash(**over: Any) -> str:
+    return parse_spec(valid(**over)).prompt_hash()
+
+
+def test_prompt_and_its_message_form_hash_the_same() -> None:
+    a = parse_spec({"prompt": "hi", "provider": "p", "model": "m", "budget_tokens": 50})
+    b = parse_spec(
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "provider": "p",
+            "model": "m",
+            "budget_tokens": 50,
+        }
+    )
+    assert a.prompt_hash() == b.prompt_hash()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"provider": "other"},
+        {"model": "other-model"},
+        {"messages": [{"role": "user", "content": "Name three rivers!"}]},
+        {"params": {"temperature": 0.5}},
+        {"params": {"seed": 7}},
+        {"params": {"stop": ["\n"]}},
+    ],
+)
+def test_what_determines_the_answer_changes_the_hash(change: dict[str, Any]) -> None:
+    assert base_hash(**change) != base_hash()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"budget_tokens": 900},
+        {"floor_tokens": 10},
+        {"metadata": {"user": 42}},
+        {"idempotency_key": "k-1"},
+        {"exit": {"on_cut": "spill"}},
+        {"hooks": ["notify"]},
+    ],
+)
+def test_what_does_not_determine_the_answer_keeps_the_hash(change: dict[str, Any]) -> None:
+    assert base_hash(**change) == base_hash()
+
+
+def test_hash_is_stable() -> None:
+    s = parse_spec({"prompt": "hi", "provider": "p", "model": "m", "budget_tokens": 50})
+    # The canonical form is a contract: changing it would orphan every stored cursor.
+    canonical = (
+        '{"messages":[{"content":"hi","role":"user"}],"model":"m","params":{},"provider":"p","v":1}'
+    )
+    assert s.prompt_hash() == hashlib.sha256(canonical.encode()).hexdigest()

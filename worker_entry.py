@@ -1,0 +1,26 @@
+"""Entry point for a resumeq worker process (the Procfile's ``worker:`` line).
+
+Starts an RQ worker with the scheduler for the configured queues; Redis comes from
+``RESUMEQ_REDIS_URL`` and the profiles from the file ``RESUMEQ_CONFIG`` names. Extra
+arguments are queue names. ``resumeq worker`` does the same.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from resumeq.errors import ResumeqError
+from resumeq.rq_worker import run_worker
+from resumeq.settings import load_settings
+
+
+def main(argv: list[str]) -> int:
+    try:
+        return run_worker(load_settings(), argv)
+    except (ResumeqError, ValueError) as exc:
+        print(f"resumeq worker: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

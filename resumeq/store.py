@@ -175,10 +175,7 @@ class Store:
             keys.text(job_id),
             keys.ledger(job_id),
         ]
-        status, *rest = self._run("cancel", job_keys, [reason, self.settings.retention_s], job_id)
-        if status != "ok":
-            self._refused(status, rest, job_id, "cancel")
-        return int(rest[0])
+        return self._write("cancel", job_keys, [reason, self.settings.retention_s], job_id)
 
     # -- operator side (the spill lane) ---------------------------------------------------
 
@@ -205,12 +202,9 @@ class Store:
             check_queue(queue) if queue is not None else "",
             spec_json,
             new_hash,
-            "" if expected_revision is None else expected_revision,
+            _optional(expected_revision),
         ]
-        status, *rest = self._run("requeue", job_keys, args, job_id)
-        if status != "ok":
-            self._refused(status, rest, job_id, "requeue", expected_revision)
-        return int(rest[0])
+        return self._write("requeue", job_keys, args, job_id, expected_revision)
 
     def drop(self, job_id: str, *, reason: str = "dropped by operator") -> int:
         """Give up on a spilled job (terminal; its partial text stays readable)."""
@@ -221,10 +215,7 @@ class Store:
             keys.text(job_id),
             keys.ledger(job_id),
         ]
-        status, *rest = self._run("drop", job_keys, [reason, self.settings.retention_s], job_id)
-        if status != "ok":
-            self._refused(status, rest, job_id, "drop")
-        return int(rest[0])
+        return self._write("drop", job_keys, [reason, self.settings.retention_s], job_id)
 
     def spilled(self, *, limit: int = 1000) -> list[str]:
         """Ids of spilled jobs, oldest spill first."""
@@ -368,17 +359,14 @@ class Store:
         ]
         args: list[str | int] = [
             lease.token,
-            "" if expected_revision is None else expected_revision,
+            _optional(expected_revision),
             state,
             finish_reason,
             error,
             _ledger_json(ledger),
             self.settings.retention_s,
         ]
-        status, *rest = self._run("finish", job_keys, args, job_id)
-        if status != "ok":
-            self._refused(status, rest, job_id, "finish", expected_revision)
-        return int(rest[0])
+        return self._write("finish", job_keys, args, job_id, expected_revision)
 
     def release(
         self,
@@ -407,16 +395,13 @@ class Store:
         ]
         args: list[str | int] = [
             lease.token,
-            "" if expected_revision is None else expected_revision,
+            _optional(expected_revision),
             to,
             reason,
             _ledger_json(ledger),
             self.settings.retention_s,
         ]
-        status, *rest = self._run("release", job_keys, args, job_id)
-        if status != "ok":
-            self._refused(status, rest, job_id, "release", expected_revision)
-        return int(rest[0])
+        return self._write("release", job_keys, args, job_id, expected_revision)
 
     # -- janitor side --------------------------------------------------------------------
 
@@ -442,6 +427,20 @@ class Store:
         self._refused(status, rest, job_id, "reap")
 
     # -- plumbing ------------------------------------------------------------------------
+
+    def _write(
+        self,
+        name: str,
+        job_keys: list[str],
+        args: list[str | int],
+        job_id: str,
+        expected_revision: int | None = None,
+    ) -> int:
+        """Run a write script whose success answers ``{'ok', revision}``."""
+        status, *rest = self._run(name, job_keys, args, job_id)
+        if status != "ok":
+            self._refused(status, rest, job_id, name, expected_revision)
+        return int(rest[0])
 
     def _run(self, name: str, job_keys: list[str], args: list[str | int], job_id: str) -> list[Any]:
         with _redis_errors(name):
@@ -491,6 +490,10 @@ class Store:
 
 def _ledger_json(entry: Mapping[str, Any] | None) -> str:
     return "" if entry is None else json.dumps(dict(entry), separators=(",", ":"))
+
+
+def _optional(value: int | None) -> str | int:
+    return "" if value is None else value
 
 
 def _positive(value: int, name: str) -> int:

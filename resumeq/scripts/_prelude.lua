@@ -55,6 +55,19 @@ local function fence(job, lease, token, allowed)
   return nil
 end
 
+-- The job exists and is in one of the allowed states (nil allows any non-terminal one).
+-- Answers the refusal to return, or nil and the state.
+local function expect_state(job, allowed)
+  local state = redis.call('HGET', job, 'state')
+  if not state then
+    return { 'not_found' }
+  end
+  if (allowed and not allowed[state]) or (not allowed and TERMINAL[state]) then
+    return { 'wrong_state', state }
+  end
+  return nil, state
+end
+
 local function check_revision(job, expected)
   if expected ~= '' then
     local current = redis.call('HGET', job, 'revision')

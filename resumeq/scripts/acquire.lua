@@ -9,12 +9,9 @@
 local job, lease, leases, queued, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local ttl = tonumber(ARGV[3])
 
-local state = redis.call('HGET', job, 'state')
-if not state then
-  return { 'not_found' }
-end
-if state ~= 'queued' then
-  return { 'wrong_state', state }
+local refused = expect_state(job, { queued = true })
+if refused then
+  return refused
 end
 local stored_hash = redis.call('HGET', job, 'prompt_hash')
 if ARGV[4] ~= '' and stored_hash ~= ARGV[4] then

@@ -7,12 +7,9 @@
 local job, lease, leases, queued, spilled = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local events, text, ledger = KEYS[6], KEYS[7], KEYS[8]
 
-local state = redis.call('HGET', job, 'state')
-if not state then
-  return { 'not_found' }
-end
-if TERMINAL[state] then
-  return { 'wrong_state', state }
+local refused = expect_state(job, nil)
+if refused then
+  return refused
 end
 local now = now_ms()
 local id = redis.call('HGET', job, 'id')

@@ -6,12 +6,9 @@
 -- Answers: {'ok', revision} | {'not_found'} | {'wrong_state', state}
 local job, spilled, events, text, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
-local state = redis.call('HGET', job, 'state')
-if not state then
-  return { 'not_found' }
-end
-if state ~= 'spilled' then
-  return { 'wrong_state', state }
+local refused = expect_state(job, { spilled = true })
+if refused then
+  return refused
 end
 local now = now_ms()
 redis.call('HSET', job, 'state', 'dropped', 'reason', ARGV[1], 'finished_ms', fmt(now))

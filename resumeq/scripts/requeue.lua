@@ -8,14 +8,11 @@
 --   | {'stale_revision', current}
 local job, queued, spilled, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
-local state = redis.call('HGET', job, 'state')
-if not state then
-  return { 'not_found' }
+local refused = expect_state(job, { spilled = true })
+if refused then
+  return refused
 end
-if state ~= 'spilled' then
-  return { 'wrong_state', state }
-end
-local refused = check_revision(job, ARGV[4])
+refused = check_revision(job, ARGV[4])
 if refused then
   return refused
 end

@@ -5,6 +5,7 @@ The public surface is what ``__all__`` lists; everything else is internal.
 
 from resumeq.errors import (
     ConfigError,
+    CorruptRecord,
     FieldError,
     IdempotencyConflict,
     InvalidSpec,
@@ -58,6 +59,7 @@ __all__ = [
     "Acquired",
     "ConfigError",
     "ConfigFile",
+    "CorruptRecord",
     "CreateResult",
     "ExitPolicy",
     "FieldError",

@@ -9,6 +9,7 @@ into resumeq, and never leak past that boundary::
     └── StoreError                  the job store refused or failed an operation
         ├── RedisUnavailable        Redis could not be reached (connection, timeout)
         ├── JobNotFound             no job record under that id
+        ├── CorruptRecord           a job record that cannot be read back
         ├── IdempotencyConflict     the idempotency key belongs to a job with another prompt
         ├── InvalidTransition       the job's state does not allow the operation
         │   └── SpillExhausted      the job has already spilled once; spill is not a loop
@@ -72,6 +73,10 @@ class RedisUnavailable(StoreError):
 
 class JobNotFound(StoreError):
     """There is no job record under that id (never created, or expired)."""
+
+
+class CorruptRecord(StoreError):
+    """A job record exists but cannot be read back (edited by hand, half-deleted)."""
 
 
 class IdempotencyConflict(StoreError):

@@ -19,6 +19,7 @@ import redis
 
 from resumeq import keys
 from resumeq.errors import (
+    CorruptRecord,
     IdempotencyConflict,
     InvalidTransition,
     JobCancelled,
@@ -230,7 +231,7 @@ class Store:
             fields = self.redis.hgetall(keys.job(job_id))
         if not fields:
             raise JobNotFound(f"no job {job_id}", job_id=job_id)
-        return JobRecord.from_hash({_s(k): _s(v) for k, v in fields.items()})
+        return _record(job_id, {_s(k): _s(v) for k, v in fields.items()})
 
     def text(self, job_id: str) -> str:
         """The durable prefix (the whole text once the job is done)."""
@@ -450,7 +451,7 @@ class Store:
     def _acquired(self, job_id: str, rest: list[Any], ttl_ms: int) -> Acquired:
         token, deadline, *flat = rest
         lease = Lease(job_id=job_id, token=_s(token), deadline_ms=int(deadline), ttl_ms=ttl_ms)
-        return Acquired(lease=lease, record=JobRecord.from_hash(_pairs(flat)))
+        return Acquired(lease=lease, record=_record(job_id, _pairs(flat)))
 
     def _refused(
         self,
@@ -486,6 +487,14 @@ class Store:
         if status == "wrong_state":
             raise InvalidTransition(f"{op}: job {job_id} is {detail}", job_id=job_id, state=detail)
         raise StoreError(f"{op}: job {job_id}: unexpected script answer {status!r} {detail}")
+
+
+def _record(job_id: str, fields: dict[str, str]) -> JobRecord:
+    try:
+        return JobRecord.from_hash(fields)
+    except (KeyError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CorruptRecord(f"job {job_id}: corrupt record: {first}", job_id=job_id) from None
 
 
 def _ledger_json(entry: Mapping[str, Any] | None) -> str:

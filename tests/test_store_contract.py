@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from resumeq import keys
 from resumeq.errors import (
+    CorruptRecord,
     IdempotencyConflict,
     InvalidTransition,
     JobCancelled,
@@ -380,3 +381,32 @@ def test_flushes_compose(store: Store, flushes: list[tuple[str, int]]) -> None:
     assert rec.spent_output_tokens == sum(n for _, n in flushes)
     assert rec.revision - got.record.revision == len(flushes)
     assert store.redis.xlen(keys.events(rec.id)) == rec.revision
+
+
+# -- damaged records ---------------------------------------------------------------------
+
+
+def test_acquire_refuses_a_queued_job_that_still_has_a_lease(store: Store) -> None:
+    job_id = store.create(spec()).id
+    store.redis.set(keys.lease(job_id), "9:someone:abc", px=5000)
+    before = snapshot(store, job_id)
+    with pytest.raises(InvalidTransition, match="already has a lease"):
+        store.acquire(job_id, worker="w1", ttl_ms=1000)
+    assert snapshot(store, job_id) == before
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda r, k: r.hdel(k, "spec"),
+        lambda r, k: r.hset(k, "spec", "{not json"),
+        lambda r, k: r.hset(k, "revision", "many"),
+        lambda r, k: r.hset(k, "state", "limbo"),
+    ],
+    ids=["spec-deleted", "spec-garbled", "revision-garbled", "unknown-state"],
+)
+def test_a_damaged_record_reads_as_corrupt(store: Store, damage: Any) -> None:
+    job_id = store.create(spec()).id
+    damage(store.redis, keys.job(job_id))
+    with pytest.raises(CorruptRecord, match=f"job {job_id}: corrupt record"):
+        store.get(job_id)

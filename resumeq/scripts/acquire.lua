@@ -17,16 +17,15 @@ local stored_hash = redis.call('HGET', job, 'prompt_hash')
 if ARGV[4] ~= '' and stored_hash ~= ARGV[4] then
   return { 'conflict', stored_hash }
 end
-if redis.call('EXISTS', lease) == 1 then
+local attempt = tonumber(redis.call('HGET', job, 'attempt')) + 1
+local token = fmt(attempt) .. ':' .. ARGV[1] .. ':' .. ARGV[2]
+if not redis.call('SET', lease, token, 'NX', 'PX', ttl) then
   return { 'busy' }
 end
 
 local now = now_ms()
 local id = redis.call('HGET', job, 'id')
-local attempt = redis.call('HINCRBY', job, 'attempt', 1)
-local token = fmt(attempt) .. ':' .. ARGV[1] .. ':' .. ARGV[2]
-redis.call('SET', lease, token, 'PX', ttl)
-redis.call('HSET', job, 'state', 'running', 'lease_token', token)
+redis.call('HSET', job, 'state', 'running', 'lease_token', token, 'attempt', fmt(attempt))
 local rev = bump(job, now)
 local deadline = fmt(now + ttl)
 redis.call('ZADD', leases, deadline, id)

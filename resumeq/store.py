@@ -314,7 +314,14 @@ class Store:
 
         One round trip: token and revision checks, APPEND, cursor and revision update,
         the event, and (``extend_lease``) the lease extension.
+
+        ``exact`` says whether this attempt's total count is exact after the flush. An
+        attempt that flushed estimates and then learns the exact total (a final usage
+        chunk, a tokenizer call) sends an exact flush whose ``tokens`` is the difference,
+        which may be negative; the cursor never goes below 0.
         """
+        if tokens < 0 and not exact:
+            raise ValueError("a negative token count is only a correction to an exact total")
         job_id = lease.job_id
         job_keys = [
             keys.job(job_id),
@@ -327,7 +334,7 @@ class Store:
             lease.token,
             _non_negative(expected_revision, "expected_revision"),
             delta,
-            _non_negative(tokens, "tokens"),
+            tokens,
             "1" if exact else "0",
             lease.ttl_ms if extend_lease else 0,
         ]
@@ -484,6 +491,8 @@ class Store:
                 job_id=job_id,
                 state="spilled",
             )
+        if status == "bad_argument":
+            raise ValueError(f"{op}: job {job_id}: {detail}")
         if status == "wrong_state":
             raise InvalidTransition(f"{op}: job {job_id} is {detail}", job_id=job_id, state=detail)
         raise StoreError(f"{op}: job {job_id}: unexpected script answer {status!r} {detail}")

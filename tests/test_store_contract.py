@@ -410,3 +410,36 @@ def test_a_damaged_record_reads_as_corrupt(store: Store, damage: Any) -> None:
     damage(store.redis, keys.job(job_id))
     with pytest.raises(CorruptRecord, match=f"job {job_id}: corrupt record"):
         store.get(job_id)
+
+
+# -- exact and estimated counts ----------------------------------------------------------
+
+
+def test_estimates_then_an_exact_correction(store: Store) -> None:
+    got = started(store)
+    lease = got.lease
+    r = store.flush(lease, expected_revision=1, delta="abc", tokens=3, exact=False)
+    assert not store.get(lease.job_id).counts_exact
+    # The final usage says the attempt produced 2 tokens, not 3.
+    r = store.flush(lease, expected_revision=r.revision, delta="", tokens=-1, exact=True)
+    rec = store.get(lease.job_id)
+    assert rec.counts_exact and rec.spent_output_tokens == 2
+
+
+def test_an_attempt_left_estimated_keeps_the_job_estimated(store: Store) -> None:
+    got = started(store)
+    store.flush(got.lease, expected_revision=1, delta="abc", tokens=3, exact=False)
+    store.release(got.lease, to="queued", reason="cut")
+    again = store.acquire(got.lease.job_id, worker="w2", ttl_ms=5000)
+    store.flush(again.lease, expected_revision=again.record.revision, delta="d", tokens=1)
+    assert not store.get(got.lease.job_id).counts_exact
+
+
+def test_the_cursor_never_goes_below_zero(store: Store) -> None:
+    got = started(store)
+    before = snapshot(store, got.lease.job_id)
+    with pytest.raises(ValueError, match="below 0"):
+        store.flush(got.lease, expected_revision=1, delta="", tokens=-1, exact=True)
+    with pytest.raises(ValueError, match="correction"):
+        store.flush(got.lease, expected_revision=1, delta="", tokens=-1, exact=False)
+    assert snapshot(store, got.lease.job_id) == before

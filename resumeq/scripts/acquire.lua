@@ -25,7 +25,8 @@ end
 
 local now = now_ms()
 local id = redis.call('HGET', job, 'id')
-redis.call('HSET', job, 'state', 'running', 'lease_token', token, 'attempt', fmt(attempt))
+redis.call('HSET', job, 'state', 'running', 'lease_token', token, 'attempt', fmt(attempt),
+  'exact_base', redis.call('HGET', job, 'counts_exact'))
 local rev = bump(job, now)
 local deadline = fmt(now + ttl)
 redis.call('ZADD', leases, deadline, id)

@@ -4,10 +4,12 @@
 -- KEYS[1] job hash   KEYS[2] text   KEYS[3] lease   KEYS[4] events stream
 -- KEYS[5] leases zset
 -- ARGV[1] fencing token   ARGV[2] expected revision   ARGV[3] delta text
--- ARGV[4] output tokens in the delta   ARGV[5] '1' if counted exactly, '0' if estimated
+-- ARGV[4] output tokens in the delta (negative only to correct this attempt's estimates)
+-- ARGV[5] '1' if this attempt's total is exact after the flush, '0' if it is an estimate
 -- ARGV[6] lease TTL (ms), 0 to leave the lease alone
 -- Answers: {'ok', revision, spent, prefix bytes} | {'not_found'} | {'cancelled'}
 --   | {'lease_lost', state} | {'wrong_state', state} | {'stale_revision', current}
+--   | {'bad_argument', what}
 local job, text, lease, events, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local delta, ttl = ARGV[3], tonumber(ARGV[6])
 
@@ -17,10 +19,18 @@ if refused then
   return refused
 end
 
+if tonumber(redis.call('HGET', job, 'spent_output_tokens')) + tonumber(ARGV[4]) < 0 then
+  return { 'bad_argument', 'the cursor would go below 0' }
+end
+
 local now = now_ms()
 local size = redis.call('APPEND', text, delta)
 local spent = redis.call('HINCRBY', job, 'spent_output_tokens', ARGV[4])
-if ARGV[5] ~= '1' then
+-- The job's counts are exact when every attempt's are: an exact flush restores what the
+-- earlier attempts left (exact_base, set at acquire), an estimated one clears it.
+if ARGV[5] == '1' then
+  redis.call('HSET', job, 'counts_exact', redis.call('HGET', job, 'exact_base') or '1')
+else
   redis.call('HSET', job, 'counts_exact', '0')
 end
 local rev = bump(job, now)

@@ -6,6 +6,19 @@ into resumeq, and never leak past that boundary::
     ResumeqError
     ├── ConfigError                 a settings file or variable is wrong
     ├── InvalidSpec                 a JobSpec was refused; .errors names every field
+    ├── ProviderError               a provider call failed; .retry_after, .status, .body
+    │   ├── RetryableProviderError  before any token; safe to send again after a wait
+    │   │   ├── ProviderConnectError    could not connect, or timed out connecting
+    │   │   ├── RateLimited             HTTP 429 (Retry-After honoured)
+    │   │   ├── ProviderOverloaded      HTTP 529 (Anthropic's overloaded_error)
+    │   │   └── ProviderUnavailable     HTTP 5xx, 408, 409
+    │   ├── StreamCut               the stream broke after it began; what arrived is kept
+    │   │   ├── Disconnected            the connection dropped mid-stream
+    │   │   ├── Truncated               the stream ended without a finish reason
+    │   │   ├── MalformedChunk          a chunk that is not what the wire format says
+    │   │   ├── InBandError             an error event behind HTTP 200
+    │   │   └── Stalled                 no bytes for stall_timeout_s
+    │   └── FatalProviderError      400/401/403/404/422 and other 4xx: never retried
     └── StoreError                  the job store refused or failed an operation
         ├── RedisUnavailable        Redis could not be reached (connection, timeout)
         ├── JobNotFound             no job record under that id
@@ -118,3 +131,81 @@ class StaleRevision(WriteRefused):
 
 class JobCancelled(WriteRefused):
     """The job was cancelled while the caller held its lease."""
+
+
+class ProviderError(ResumeqError):
+    """A provider call failed. Translated once, at the provider client's boundary."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retry_after: float | None = None,
+        error_type: str | None = None,
+        body: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        #: Seconds the provider asked us to wait (Retry-After), if it said.
+        self.retry_after = retry_after
+        #: The provider's own error type (``rate_limit_error``, ``overloaded_error`` …).
+        self.error_type = error_type
+        self.body = body
+
+    #: A short name for the ledger and the gate: ``rate_limited``, ``disconnected`` …
+    kind = "provider_error"
+
+
+class RetryableProviderError(ProviderError):
+    """Failed before any token was streamed; the same request may be sent again."""
+
+    kind = "retryable"
+
+
+class ProviderConnectError(RetryableProviderError):
+    kind = "connect_error"
+
+
+class RateLimited(RetryableProviderError):
+    kind = "rate_limited"
+
+
+class ProviderOverloaded(RetryableProviderError):
+    kind = "overloaded"
+
+
+class ProviderUnavailable(RetryableProviderError):
+    kind = "server_error"
+
+
+class StreamCut(ProviderError):
+    """The stream began and broke: every delta yielded before this is real and kept."""
+
+    kind = "stream_cut"
+
+
+class Disconnected(StreamCut):
+    kind = "disconnected"
+
+
+class Truncated(StreamCut):
+    kind = "truncated"
+
+
+class MalformedChunk(StreamCut):
+    kind = "malformed_chunk"
+
+
+class InBandError(StreamCut):
+    kind = "in_band_error"
+
+
+class Stalled(StreamCut):
+    kind = "stalled"
+
+
+class FatalProviderError(ProviderError):
+    """The request itself is wrong (or not allowed): sending it again cannot help."""
+
+    kind = "fatal"

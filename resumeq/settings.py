@@ -12,7 +12,14 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from resumeq.errors import ConfigError
@@ -71,6 +78,15 @@ class ProviderProfile(BaseModel):
         if v != "full" and not _TAIL_RE.match(v):
             raise ValueError('must be "full" or "tail:N" with N > 0')
         return v
+
+    @model_validator(mode="after")
+    def _check_continue_mode(self) -> ProviderProfile:
+        if self.kind == "anthropic" and self.continue_mode not in ("prefill", "instruction"):
+            raise ValueError(
+                f'continue_mode "{self.continue_mode}" is not an Anthropic mode '
+                '(use "prefill" or "instruction")'
+            )
+        return self
 
     @property
     def tail_tokens(self) -> int | None:

@@ -1,0 +1,39 @@
+"""Provider clients: one interface, two wire formats (SPEC §5, §6)."""
+
+from __future__ import annotations
+
+import httpx
+
+from resumeq.providers.anthropic import AnthropicClient, AnthropicStream
+from resumeq.providers.base import (
+    ProviderClient,
+    ProviderStream,
+    StreamEvent,
+    TextDelta,
+    Usage,
+    parse_retry_after,
+)
+from resumeq.providers.openai import OpenAIClient, OpenAIStream
+from resumeq.settings import ProviderProfile
+
+
+def make_client(profile: ProviderProfile, http: httpx.Client) -> ProviderClient:
+    """The client for a profile's wire format (``fake`` speaks the OpenAI wire)."""
+    if profile.kind == "anthropic":
+        return AnthropicClient(profile, http)
+    return OpenAIClient(profile, http)
+
+
+__all__ = [
+    "AnthropicClient",
+    "AnthropicStream",
+    "OpenAIClient",
+    "OpenAIStream",
+    "ProviderClient",
+    "ProviderStream",
+    "StreamEvent",
+    "TextDelta",
+    "Usage",
+    "make_client",
+    "parse_retry_after",
+]

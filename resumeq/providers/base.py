@@ -1,0 +1,280 @@
+"""What every provider client shares: the stream's events, the one place where httpx's
+errors and HTTP statuses become resumeq's, and Retry-After.
+
+A client takes an injected ``httpx.Client`` and a :class:`~resumeq.settings.ProviderProfile`.
+``open(plan)`` sends the request and answers a :class:`ProviderStream` once the status is
+known (raising a :class:`~resumeq.errors.RetryableProviderError` or
+:class:`~resumeq.errors.FatalProviderError` before any token); iterating the stream yields
+:class:`TextDelta` and :class:`Usage` events and raises a
+:class:`~resumeq.errors.StreamCut` subclass when the stream breaks. A stream that ends
+without a finish reason is a cut, never a success; a malformed chunk is a cut, never
+skipped.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import httpx
+from httpx_sse import EventSource, ServerSentEvent, SSEError
+
+from resumeq.continuation import RequestPlan
+from resumeq.errors import (
+    Disconnected,
+    FatalProviderError,
+    MalformedChunk,
+    ProviderConnectError,
+    ProviderError,
+    ProviderOverloaded,
+    ProviderUnavailable,
+    RateLimited,
+    Stalled,
+    Truncated,
+)
+from resumeq.settings import ProviderProfile
+
+#: Error bodies longer than this are cut before they go into an exception.
+MAX_ERROR_BODY = 4_096
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """Text that arrived, with its output tokens, counted exactly or estimated."""
+
+    text: str
+    tokens: int
+    exact: bool
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Provider-reported usage as of this point of the attempt (None: not reported)."""
+
+    input_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+    #: Output tokens of this attempt so far, cumulative.
+    output_tokens: int | None = None
+
+
+StreamEvent = TextDelta | Usage
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds to wait, from ``retry-after-ms`` or ``retry-after`` (seconds or HTTP date)."""
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms is not None:
+        try:
+            return max(0.0, float(raw_ms) / 1000.0)
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def status_error(
+    status: int, message: str, *, headers: Mapping[str, str], body: str, error_type: str | None
+) -> ProviderError:
+    """The exception for an HTTP error status, classified once."""
+    kwargs: dict[str, Any] = {
+        "status": status,
+        "retry_after": parse_retry_after(headers),
+        "error_type": error_type,
+        "body": body[:MAX_ERROR_BODY],
+    }
+    text = f"HTTP {status}: {message}"
+    if status == 429:
+        return RateLimited(text, **kwargs)
+    if status == 529:
+        return ProviderOverloaded(text, **kwargs)
+    if status >= 500 or status in (408, 409):
+        return ProviderUnavailable(text, **kwargs)
+    return FatalProviderError(text, **kwargs)
+
+
+def error_details(body: str) -> tuple[str, str | None]:
+    """Message and type from an OpenAI (``{"error": {...}}``) or Anthropic
+    (``{"type": "error", "error": {...}}``) error body; the raw text otherwise."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.strip()[:300] or "(empty body)", None
+    err = data.get("error") if isinstance(data, dict) else None
+    if isinstance(err, dict):
+        message = err.get("message")
+        kind = err.get("type") or err.get("code")
+        return (str(message) if message else json.dumps(err)[:300]), (str(kind) if kind else None)
+    if isinstance(err, str):
+        return err, None
+    return body.strip()[:300], None
+
+
+def json_object(sse: ServerSentEvent) -> dict[str, Any]:
+    """An SSE event's data as a JSON object, or a :class:`MalformedChunk` cut."""
+    try:
+        data = json.loads(sse.data)
+    except ValueError:
+        raise MalformedChunk(f"chunk is not JSON: {sse.data[:120]!r}") from None
+    if not isinstance(data, dict):
+        raise MalformedChunk(f"chunk is not a JSON object: {sse.data[:120]!r}")
+    return data
+
+
+class ProviderStream(ABC):
+    """One streaming response. Iterate it for events; close it to stop paying at once."""
+
+    def __init__(self, response: httpx.Response, *, stall_timeout_s: float) -> None:
+        self._response = response
+        self._stall_timeout_s = stall_timeout_s
+        #: The provider's finish reason, once it said one (``stop``, ``length`` …).
+        self.finish_reason: str | None = None
+        #: The latest usage the provider reported.
+        self.usage = Usage()
+        self.closed = False
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        try:
+            for sse in EventSource(self._response).iter_sse():
+                yield from self._on_event(sse)
+                if self._complete():
+                    return
+        except httpx.ReadTimeout:
+            raise Stalled(f"no bytes for {self._stall_timeout_s:g} s") from None
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.StreamClosed) as exc:
+            if self.closed:
+                return
+            raise Disconnected(f"connection dropped mid-stream: {exc}") from None
+        except SSEError as exc:
+            raise MalformedChunk(f"not an event stream: {exc}") from None
+        if self.closed:
+            return
+        if self.finish_reason is None:
+            raise Truncated("the stream ended without a finish reason")
+
+    @abstractmethod
+    def _on_event(self, sse: ServerSentEvent) -> Iterator[StreamEvent]:
+        """Translate one SSE event into stream events (or raise a cut)."""
+
+    def _complete(self) -> bool:
+        """Whether the wire format's end-of-stream marker has arrived."""
+        return False
+
+    def close(self) -> None:
+        """Close the connection now: the provider stops generating (and billing)."""
+        self.closed = True
+        self._response.close()
+
+    def __enter__(self) -> ProviderStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class ProviderClient(ABC):
+    """A provider profile's wire format over an injected ``httpx.Client``."""
+
+    def __init__(self, profile: ProviderProfile, http: httpx.Client) -> None:
+        self.profile = profile
+        self.http = http
+
+    @property
+    def api_key(self) -> str | None:
+        """Read from the profile's variable on every call: never stored anywhere."""
+        name = self.profile.api_key_env
+        return os.environ.get(name) if name else None
+
+    @property
+    def timeout(self) -> httpx.Timeout:
+        """Read timeout = stall timeout: no bytes for that long is a stall."""
+        p = self.profile
+        return httpx.Timeout(p.stall_timeout_s, connect=p.connect_timeout_s)
+
+    @abstractmethod
+    def build(self, plan: RequestPlan) -> httpx.Request:
+        """The HTTP request for a plan (streaming)."""
+
+    @abstractmethod
+    def _stream(self, response: httpx.Response) -> ProviderStream: ...
+
+    @abstractmethod
+    def count_text_tokens(self, text: str, *, model: str) -> int:
+        """Output tokens of ``text``, by the provider's own counting endpoint."""
+
+    def open(self, plan: RequestPlan) -> ProviderStream:
+        """Send the plan's request; answer the stream once the status is 2xx."""
+        response = self.send(self.build(plan))
+        return self._stream(response)
+
+    def send(self, request: httpx.Request, *, stream: bool = True) -> httpx.Response:
+        """Send ``request``; translate connect failures and error statuses."""
+        try:
+            response = self.http.send(request, stream=stream)
+        except httpx.TimeoutException as exc:
+            raise ProviderConnectError(f"timed out before a response: {exc!r}") from None
+        except httpx.TransportError as exc:
+            raise ProviderConnectError(f"could not reach the provider: {exc!r}") from None
+        if response.status_code >= 400:
+            try:
+                body = _read_bounded(response)
+            except httpx.HTTPError:
+                body = ""
+            finally:
+                response.close()
+            message, kind = error_details(body)
+            raise status_error(
+                response.status_code, message, headers=response.headers, body=body, error_type=kind
+            )
+        return response
+
+    def post_json(self, url: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A small non-streaming JSON call (the counting endpoints)."""
+        request = self.http.build_request(
+            "POST", url, json=dict(body), headers=self.headers(), timeout=self.timeout
+        )
+        response = self.send(request, stream=False)
+        try:
+            data = response.json()
+        except ValueError:
+            raise ProviderUnavailable(f"{url} answered non-JSON") from None
+        if not isinstance(data, dict):
+            raise ProviderUnavailable(f"{url} answered a JSON {type(data).__name__}")
+        return data
+
+    @abstractmethod
+    def headers(self) -> dict[str, str]:
+        """Authentication and version headers."""
+
+
+def _read_bounded(response: httpx.Response, limit: int = 64 * 1024) -> str:
+    chunks, size = [], 0
+    for chunk in response.iter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size >= limit:
+            break
+    return b"".join(chunks).decode("utf-8", errors="replace")

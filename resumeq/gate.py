@@ -1,0 +1,175 @@
+"""The gate: what happens after a cut (SPEC §4). Pure: no I/O, no clock, no randomness
+that the caller does not pass in.
+
+One decision with its reason:
+
+- ``done`` — the provider said stop or length, or the budget is spent.
+- ``retry`` — nothing was generated yet: the same request again, after Retry-After or a
+  jittered backoff. Only the input is paid for again, and the ledger shows it.
+- ``resume`` — a real prefix and ``budget - spent >= floor``: a continuation asking for
+  ``budget - spent`` tokens.
+- ``abandon`` / ``spill`` — the job's exit when it cannot go on (remaining budget under the
+  floor, attempts used up, estimated counts where exact ones are required, a byte-exact
+  job, ``on_cut`` other than ``resume``): droppable jobs abandon, the others spill — once;
+  a job that cannot go on after a spill has ``failed``.
+- ``failed`` — a fatal provider error (400/401/403/404/422), or a prompt-hash conflict.
+
+It never answers ``retry`` once a prefix exists: the original request would buy the
+prefix a second time.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from resumeq.spec import ExitPolicy
+
+Action = Literal["done", "retry", "resume", "abandon", "spill", "failed"]
+CutKind = Literal[
+    "finished",  # the stream ended with a finish reason: not a cut at all
+    "worker_died",  # the janitor found the lease expired
+    "retryable",  # 429, 529, 5xx, connect error: before any token
+    "stream_cut",  # disconnect, truncation, malformed chunk, in-band error
+    "stall",  # no bytes for stall_timeout_s
+    "fatal",  # 400/401/403/404/422
+    "conflict",  # the prompt hash no longer matches the stored one
+]
+
+#: Backoff for retries without a Retry-After: base * 2^(n-1), capped, with full jitter.
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 60.0
+#: A provider's Retry-After is honoured up to this long.
+RETRY_AFTER_CAP_S = 600.0
+
+
+class JobView(BaseModel):
+    """What the gate reads of a job."""
+
+    model_config = ConfigDict(frozen=True)
+
+    budget_tokens: int = Field(gt=0)
+    floor_tokens: int = Field(ge=1)
+    spent_output_tokens: int = Field(ge=0)
+    prefix_chars: int = Field(ge=0)
+    #: Attempts made so far, the one that was cut included.
+    attempts: int = Field(ge=0)
+    spill_count: int = Field(ge=0)
+    counts_exact: bool = True
+    require_exact_counts: bool = False
+    byte_exact: bool = False
+    exit: ExitPolicy = ExitPolicy()
+
+
+class Cut(BaseModel):
+    """What ended the attempt."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: CutKind
+    #: The provider's finish reason, for ``finished``.
+    finish_reason: str | None = None
+    #: Seconds the provider asked to wait (Retry-After).
+    retry_after_s: float | None = Field(default=None, ge=0)
+    #: The cut fell inside a tool-use or thinking block: not continued mid-block.
+    in_non_text_block: bool = False
+    detail: str = ""
+
+
+class Decision(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    action: Action
+    reason: str
+    #: For ``retry`` and ``resume``: the output tokens the next attempt may ask for.
+    max_tokens: int | None = None
+    #: For ``retry`` and ``resume``: seconds to wait before the next attempt.
+    delay_s: float = 0.0
+
+
+def backoff_s(attempt: int, jitter: float) -> float:
+    """Full-jitter exponential backoff after ``attempt`` attempts; ``jitter`` in [0, 1)."""
+    if not 0.0 <= jitter < 1.0:
+        raise ValueError("jitter must be in [0, 1)")
+    ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2.0 ** max(0, attempt - 1))
+    return ceiling * (0.5 + jitter / 2)
+
+
+def _delay(job: JobView, cut: Cut, jitter: float) -> float:
+    if cut.retry_after_s is not None:
+        return min(cut.retry_after_s, RETRY_AFTER_CAP_S)
+    if cut.kind == "worker_died":
+        return 0.0
+    return backoff_s(job.attempts, jitter)
+
+
+def _exit(job: JobView, reason: str) -> Decision:
+    """The job cannot go on: its chosen exit, spill at most once."""
+    wants_spill = job.exit.on_cut == "spill" or not job.exit.droppable
+    if not wants_spill:
+        return Decision(action="abandon", reason=reason)
+    if job.spill_count >= 1:
+        return Decision(action="failed", reason=f"{reason}, after a spill (spill is not a loop)")
+    return Decision(action="spill", reason=reason)
+
+
+def _why_not_continue(job: JobView, cut: Cut) -> str | None:
+    """Why a job with a prefix cannot be continued, or None if it can."""
+    remaining = job.budget_tokens - job.spent_output_tokens
+    checks = [
+        (job.exit.on_cut != "resume", f"on_cut is {job.exit.on_cut}"),
+        (job.byte_exact, "byte_exact job: a continuation is a new draw"),
+        (
+            job.require_exact_counts and not job.counts_exact,
+            "the cursor is an estimate and the job requires exact counts",
+        ),
+        (
+            remaining < job.floor_tokens,
+            f"remaining budget {remaining} is below the floor {job.floor_tokens}",
+        ),
+        (job.attempts >= job.exit.max_attempts, f"attempts exhausted ({job.attempts})"),
+        (cut.in_non_text_block, "cut inside a tool-use or thinking block"),
+    ]
+    return next((why for failed, why in checks if failed), None)
+
+
+def _settled(job: JobView, cut: Cut) -> Decision | None:
+    """The outcomes that do not depend on the prefix: failed or done."""
+    if cut.kind == "fatal":
+        return Decision(action="failed", reason=f"provider refused the request: {cut.detail}")
+    if cut.kind == "conflict":
+        return Decision(action="failed", reason="prompt hash conflict: the prompt was edited")
+    if cut.kind == "finished":
+        return Decision(action="done", reason=f"finish reason {cut.finish_reason}")
+    if job.spent_output_tokens >= job.budget_tokens:
+        return Decision(action="done", reason="budget exhausted")
+    return None
+
+
+def _why_not_retry(job: JobView) -> str | None:
+    if job.exit.on_cut != "resume":
+        return f"on_cut is {job.exit.on_cut}"
+    if job.attempts >= job.exit.max_attempts:
+        return f"attempts exhausted ({job.attempts}) before any output"
+    return None
+
+
+def decide(job: JobView, cut: Cut, *, jitter: float = 0.5) -> Decision:
+    """The one decision for a job after ``cut``. ``jitter`` in [0, 1) spreads backoffs."""
+    settled = _settled(job, cut)
+    if settled is not None:
+        return settled
+    remaining = job.budget_tokens - job.spent_output_tokens
+    # Nothing generated yet: a retry buys only the input again.
+    retry = job.prefix_chars == 0
+    why = _why_not_retry(job) if retry else _why_not_continue(job, cut)
+    if why is not None:
+        return _exit(job, why)
+    what = "before any output" if retry else f"after {job.spent_output_tokens} output tokens"
+    return Decision(
+        action="retry" if retry else "resume",
+        reason=f"{cut.kind} {what}",
+        max_tokens=remaining,
+        delay_s=_delay(job, cut, jitter),
+    )

@@ -1,0 +1,144 @@
+"""The gate: named cases and properties over every job and cut."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from resumeq.gate import BACKOFF_CAP_S, Cut, JobView, backoff_s, decide
+from resumeq.spec import ExitPolicy
+
+
+def job(**over: Any) -> JobView:
+    base: dict[str, Any] = {
+        "budget_tokens": 1000,
+        "floor_tokens": 32,
+        "spent_output_tokens": 300,
+        "prefix_chars": 1200,
+        "attempts": 1,
+        "spill_count": 0,
+    }
+    base.update(over)
+    return JobView.model_validate(base)
+
+
+CUT = Cut(kind="stream_cut")
+EXIT_ABANDON = ExitPolicy(droppable=True)
+
+
+@pytest.mark.parametrize(
+    ("view", "cut", "action", "reason"),
+    [
+        (job(), CUT, "resume", "stream_cut after 300"),
+        (job(), Cut(kind="worker_died"), "resume", "worker_died"),
+        (job(), Cut(kind="finished", finish_reason="stop"), "done", "stop"),
+        (job(spent_output_tokens=1000), CUT, "done", "budget exhausted"),
+        (job(prefix_chars=0, spent_output_tokens=0), CUT, "retry", "before any output"),
+        (job(), Cut(kind="fatal", detail="HTTP 400"), "failed", "HTTP 400"),
+        (job(), Cut(kind="conflict"), "failed", "prompt hash conflict"),
+        (job(spent_output_tokens=980), CUT, "spill", "below the floor"),
+        (job(spent_output_tokens=980, exit=EXIT_ABANDON), CUT, "abandon", "below the floor"),
+        (job(spent_output_tokens=980, spill_count=1), CUT, "failed", "after a spill"),
+        (job(attempts=5), CUT, "spill", "attempts exhausted"),
+        (job(counts_exact=False, require_exact_counts=True), CUT, "spill", "estimate"),
+        (job(counts_exact=False), CUT, "resume", ""),
+        (job(byte_exact=True, exit=EXIT_ABANDON), CUT, "abandon", "byte_exact"),
+        (job(exit=ExitPolicy(on_cut="abandon", droppable=True)), CUT, "abandon", "on_cut"),
+        (job(exit=ExitPolicy(on_cut="abandon")), CUT, "spill", "on_cut is abandon"),
+        (job(exit=ExitPolicy(on_cut="spill", droppable=True)), CUT, "spill", "on_cut is spill"),
+        (
+            job(
+                prefix_chars=0,
+                spent_output_tokens=0,
+                exit=ExitPolicy(on_cut="abandon", droppable=True),
+            ),
+            CUT,
+            "abandon",
+            "on_cut",
+        ),
+        (job(prefix_chars=0, spent_output_tokens=0, attempts=5), CUT, "spill", "exhausted"),
+        (job(), Cut(kind="stream_cut", in_non_text_block=True), "spill", "tool-use"),
+    ],
+)
+def test_named_cases(view: JobView, cut: Cut, action: str, reason: str) -> None:
+    decision = decide(view, cut)
+    assert decision.action == action, decision
+    assert reason in decision.reason
+
+
+def test_resume_asks_only_for_the_rest() -> None:
+    d = decide(job(spent_output_tokens=300), CUT)
+    assert d.max_tokens == 700
+
+
+def test_retry_after_is_honoured_and_backoff_otherwise() -> None:
+    empty = job(prefix_chars=0, spent_output_tokens=0)
+    assert decide(empty, Cut(kind="retryable", retry_after_s=2.0)).delay_s == 2.0
+    assert decide(empty, Cut(kind="retryable"), jitter=0.0).delay_s == backoff_s(1, 0.0)
+    assert decide(job(), Cut(kind="worker_died")).delay_s == 0.0
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    assert backoff_s(1, 0.0) < backoff_s(3, 0.0) < backoff_s(5, 0.0)
+    assert backoff_s(50, 0.999) <= BACKOFF_CAP_S
+    with pytest.raises(ValueError):
+        backoff_s(1, 1.0)
+
+
+views = st.builds(
+    JobView,
+    budget_tokens=st.integers(1, 5000),
+    floor_tokens=st.integers(1, 200),
+    spent_output_tokens=st.integers(0, 6000),
+    prefix_chars=st.integers(0, 3) | st.integers(0, 50_000),
+    attempts=st.integers(0, 8),
+    spill_count=st.integers(0, 2),
+    counts_exact=st.booleans(),
+    require_exact_counts=st.booleans(),
+    byte_exact=st.booleans(),
+    exit=st.builds(
+        ExitPolicy,
+        on_cut=st.sampled_from(["resume", "abandon", "spill"]),
+        droppable=st.booleans(),
+        max_attempts=st.integers(1, 6),
+    ),
+)
+cuts = st.builds(
+    Cut,
+    kind=st.sampled_from(
+        ["finished", "worker_died", "retryable", "stream_cut", "stall", "fatal", "conflict"]
+    ),
+    finish_reason=st.sampled_from([None, "stop", "length"]),
+    retry_after_s=st.none() | st.floats(0, 10_000),
+    in_non_text_block=st.booleans(),
+)
+
+
+@given(view=views, cut=cuts, jitter=st.floats(0, 0.999))
+def test_properties(view: JobView, cut: Cut, jitter: float) -> None:
+    d = decide(view, cut, jitter=jitter)
+    remaining = view.budget_tokens - view.spent_output_tokens
+    # Never the original request again once a prefix exists.
+    if view.prefix_chars > 0:
+        assert d.action != "retry"
+    # Spill happens at most once.
+    if d.action == "spill":
+        assert view.spill_count == 0
+        assert view.exit.on_cut == "spill" or not view.exit.droppable
+    if d.action == "abandon":
+        assert view.exit.droppable and view.exit.on_cut != "spill"
+    if d.action == "resume":
+        assert view.prefix_chars > 0 and remaining >= view.floor_tokens
+        assert view.exit.on_cut == "resume" and not view.byte_exact
+        assert view.counts_exact or not view.require_exact_counts
+        assert view.attempts < view.exit.max_attempts and not cut.in_non_text_block
+    if d.action in ("resume", "retry"):
+        assert d.max_tokens == remaining > 0 and 0 <= d.delay_s <= 600
+    if cut.kind in ("fatal", "conflict"):
+        assert d.action == "failed"
+    if d.action == "done":
+        assert cut.kind == "finished" or remaining <= 0
+    assert d.reason

@@ -17,6 +17,7 @@ from typing import Any, ParamSpec, TypeVar
 import click
 
 from resumeq.errors import JobNotFound, ResumeqError
+from resumeq.fake import serve
 from resumeq.models import JobRecord
 from resumeq.rq_worker import run_worker
 from resumeq.settings import Settings, load_settings
@@ -174,6 +175,33 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
 def worker(obj: Context, queues: tuple[str, ...], burst: bool) -> None:
     """Run an RQ worker (with the scheduler) on resumeq's queues."""
     sys.exit(run_worker(obj.settings, queues, burst=burst))
+
+
+@cli.command("fake-provider")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--completion-tokens",
+    type=click.IntRange(1, 1_000_000),
+    default=None,
+    help="Length of every canonical completion (default: derived from the prompt).",
+)
+@click.option(
+    "--token-delay-ms",
+    type=click.FloatRange(0, 60_000),
+    default=0.0,
+    show_default=True,
+    help="Pause between tokens, so streams can be cut by hand.",
+)
+@reports_errors
+def fake_provider(
+    host: str, port: int, completion_tokens: int | None, token_delay_ms: float
+) -> None:
+    """Serve the fake provider (OpenAI and Anthropic wire formats) until interrupted."""
+    try:
+        serve(host, port, completion_tokens=completion_tokens, token_delay_ms=token_delay_ms)
+    except OSError as exc:
+        _fail(f"cannot serve on {host}:{port}: {exc.strerror or exc}")
 
 
 def main() -> None:

@@ -71,6 +71,18 @@ class JobRecord(BaseModel):
     error: str | None = None
     #: Why the job last changed state (the gate's reason, the cancel reason, …).
     reason: str | None = None
+    #: Where the current (or last) attempt started: cursor, prefix bytes, time.
+    attempt_spent_base: int = 0
+    attempt_text_base: int = 0
+    attempt_started_ms: int | None = None
+    spilled_ms: int | None = None
+
+    @property
+    def attempt_kind(self) -> str:
+        """``fresh``, ``retry`` or ``resume``: what the current attempt is."""
+        if self.attempt_text_base > 0:
+            return "resume"
+        return "fresh" if self.attempt <= 1 else "retry"
 
     @property
     def remaining_tokens(self) -> int:

@@ -268,6 +268,7 @@ class Store:
             keys.LEASES,
             keys.QUEUED,
             keys.events(job_id),
+            keys.text(job_id),
         ]
         args: list[str | int] = [
             _check_owner(worker),

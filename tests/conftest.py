@@ -9,6 +9,7 @@ import fakeredis
 import pytest
 import redis
 
+from resumeq.fake import FakeProvider
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 
@@ -49,3 +50,18 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
         yield Store(client)
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session")
+def fake_server() -> Iterator[FakeProvider]:
+    with FakeProvider() as server:
+        yield server
+
+
+@pytest.fixture
+def fake(fake_server: FakeProvider) -> FakeProvider:
+    """The fake provider over real HTTP on loopback, reset (faults, journal, cache)."""
+    fake_server.reset()
+    fake_server.completion_tokens = None
+    fake_server.token_delay_ms = 0
+    return fake_server

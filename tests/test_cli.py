@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from resumeq.store import Store
@@ -68,3 +70,35 @@ def test_unreachable_redis_is_one_line() -> None:
     out = run("status", "abc", url=f"redis://127.0.0.1:{free_port()}/0")
     assert out.returncode == 1
     assert "Redis unreachable" in out.stderr and out.stderr.count("\n") == 1
+
+
+@pytest.mark.timeout(30)
+def test_fake_provider_serves_until_terminated() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [*RESUMEQ, "fake-provider", "--port", str(port), "--completion-tokens", "12"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert f"127.0.0.1:{port}" in proc.stdout.readline()
+        body = {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        with httpx.Client(timeout=10) as http:
+            text = http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body).text
+        assert '"completion_tokens":12' in text and text.rstrip().endswith("data: [DONE]")
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=10)
+    assert proc.returncode == 0
+
+
+def test_fake_provider_refuses_a_bad_port() -> None:
+    out = run("fake-provider", "--port", "70000", url="redis://127.0.0.1:1/0")
+    assert out.returncode == 2 and "70000" in out.stderr

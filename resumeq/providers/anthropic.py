@@ -127,6 +127,9 @@ def _content(m: ChatMessage) -> str | list[dict[str, Any]]:
 
 
 class AnthropicClient(ProviderClient):
+    endpoint = "/v1/messages"
+    stream_class = AnthropicStream
+
     def headers(self) -> dict[str, str]:
         headers = {"anthropic-version": API_VERSION}
         key = self.api_key
@@ -160,18 +163,6 @@ class AnthropicClient(ProviderClient):
             body["stop_sequences"] = list(params.stop)
         body.update(plan.extra_body)
         return body
-
-    def build(self, plan: RequestPlan) -> httpx.Request:
-        return self.http.build_request(
-            "POST",
-            f"{self.profile.base_url}/v1/messages",
-            json=self.body(plan),
-            headers={**self.headers(), "Accept": "text/event-stream"},
-            timeout=self.timeout,
-        )
-
-    def _stream(self, response: httpx.Response) -> ProviderStream:
-        return AnthropicStream(response, stall_timeout_s=self.profile.stall_timeout_s)
 
     def _count(self, content: str, model: str) -> int:
         data = self.post_json(

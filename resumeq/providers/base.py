@@ -214,12 +214,23 @@ class ProviderClient(ABC):
         p = self.profile
         return httpx.Timeout(p.stall_timeout_s, connect=p.connect_timeout_s)
 
-    @abstractmethod
-    def build(self, plan: RequestPlan) -> httpx.Request:
-        """The HTTP request for a plan (streaming)."""
+    #: Where generation requests go, below the profile's base URL.
+    endpoint: str
+    stream_class: type[ProviderStream]
 
     @abstractmethod
-    def _stream(self, response: httpx.Response) -> ProviderStream: ...
+    def body(self, plan: RequestPlan) -> dict[str, Any]:
+        """The JSON body for a plan (streaming)."""
+
+    def build(self, plan: RequestPlan) -> httpx.Request:
+        """The HTTP request for a plan."""
+        return self.http.build_request(
+            "POST",
+            f"{self.profile.base_url}{self.endpoint}",
+            json=self.body(plan),
+            headers={**self.headers(), "Accept": "text/event-stream"},
+            timeout=self.timeout,
+        )
 
     @abstractmethod
     def count_text_tokens(self, text: str, *, model: str) -> int:
@@ -228,7 +239,7 @@ class ProviderClient(ABC):
     def open(self, plan: RequestPlan) -> ProviderStream:
         """Send the plan's request; answer the stream once the status is 2xx."""
         response = self.send(self.build(plan))
-        return self._stream(response)
+        return self.stream_class(response, stall_timeout_s=self.profile.stall_timeout_s)
 
     def send(self, request: httpx.Request, *, stream: bool = True) -> httpx.Response:
         """Send ``request``; translate connect failures and error statuses."""

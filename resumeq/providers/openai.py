@@ -99,6 +99,9 @@ class OpenAIStream(ProviderStream):
 
 
 class OpenAIClient(ProviderClient):
+    endpoint = "/chat/completions"
+    stream_class = OpenAIStream
+
     def headers(self) -> dict[str, str]:
         key = self.api_key
         return {"Authorization": f"Bearer {key}"} if key else {}
@@ -131,18 +134,6 @@ class OpenAIClient(ProviderClient):
             body["seed"] = params.seed
         body.update(plan.extra_body)
         return body
-
-    def build(self, plan: RequestPlan) -> httpx.Request:
-        return self.http.build_request(
-            "POST",
-            f"{self.profile.base_url}/chat/completions",
-            json=self.body(plan),
-            headers={**self.headers(), "Accept": "text/event-stream"},
-            timeout=self.timeout,
-        )
-
-    def _stream(self, response: httpx.Response) -> ProviderStream:
-        return OpenAIStream(response, stall_timeout_s=self.profile.stall_timeout_s)
 
     def count_text_tokens(self, text: str, *, model: str) -> int:
         """vLLM's ``/tokenize``, at the server root (the base URL without ``/v1``)."""

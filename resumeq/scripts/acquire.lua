@@ -1,12 +1,13 @@
 -- acquire: take a queued job's lease (SET NX PX) with a fresh fencing token; attempt + 1,
 -- queued -> running, deadline into the leases zset.
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] queued zset
--- KEYS[5] events stream
+-- KEYS[5] events stream   KEYS[6] text
 -- ARGV[1] worker id   ARGV[2] nonce   ARGV[3] lease TTL (ms)
 -- ARGV[4] prompt hash the caller will generate for ('' to skip the check)
 -- Answers: {'ok', token, deadline, <job hash as field, value, ...>} | {'not_found'}
 --   | {'wrong_state', state} | {'busy'} | {'conflict', stored hash}
-local job, lease, leases, queued, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local job, lease, leases, queued = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local events, text = KEYS[5], KEYS[6]
 local ttl = tonumber(ARGV[3])
 
 local refused = expect_state(job, { queued = true })
@@ -25,8 +26,12 @@ end
 
 local now = now_ms()
 local id = redis.call('HGET', job, 'id')
+-- Where this attempt starts: what a janitor needs to account for it if it dies.
 redis.call('HSET', job, 'state', 'running', 'lease_token', token, 'attempt', fmt(attempt),
-  'exact_base', redis.call('HGET', job, 'counts_exact'))
+  'exact_base', redis.call('HGET', job, 'counts_exact'),
+  'attempt_spent_base', redis.call('HGET', job, 'spent_output_tokens'),
+  'attempt_text_base', fmt(redis.call('STRLEN', text)),
+  'attempt_started_ms', fmt(now))
 local rev = bump(job, now)
 local deadline = fmt(now + ttl)
 redis.call('ZADD', leases, deadline, id)

@@ -1,0 +1,29 @@
+"""What the ``/_fake/config`` and ``/_fake/canonical`` admin endpoints do."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from resumeq.fake.conversation import InvalidRequest, conversation_of
+from resumeq.fake.plan import canonical
+from resumeq.fake.state import FakeState
+from resumeq.fake.wire import positive_int
+
+
+def configure(state: FakeState, body: Mapping[str, Any]) -> None:
+    if "completion_tokens" in body:
+        state.completion_tokens = positive_int(body, "completion_tokens")
+    if "token_delay_ms" in body:
+        delay = body["token_delay_ms"]
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
+            raise InvalidRequest("token_delay_ms: expected a number of at least 0")
+        state.token_delay_ms = float(delay)
+
+
+def canonical_of(state: FakeState, body: Any) -> dict[str, Any]:
+    if not isinstance(body, Mapping):
+        raise InvalidRequest("expected {'messages': [...], 'system': ...}")
+    conversation = conversation_of(body.get("messages"), body.get("system"))
+    target = canonical(conversation.seed(), state.completion_tokens)
+    return {"text": target.text, "tokens": list(target.tokens), "count": len(target.tokens)}

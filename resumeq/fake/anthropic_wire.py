@@ -1,0 +1,193 @@
+"""Anthropic Messages (``POST /v1/messages`` and ``/v1/messages/count_tokens``).
+
+Streams are ``event: NAME`` / ``data: {json}`` pairs: ``message_start`` (usage with
+``output_tokens: 1``, as the real API sends), ``content_block_start``, ``ping``, one
+``content_block_delta`` (``text_delta``) per token, ``content_block_stop``, ``message_delta``
+(``stop_reason`` and cumulative usage), ``message_stop``. ``input_tokens`` excludes the cached
+parts, as on the real API. A prefill continues the final assistant message, which must not end
+in white space; the response text holds only the continuation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from resumeq.fake.conversation import Conversation, InvalidRequest, conversation_of
+from resumeq.fake.plan import Finish
+from resumeq.fake.prompt import PromptCache, layout
+from resumeq.fake.wire import (
+    ErrorReply,
+    Generation,
+    InputUsage,
+    dumps,
+    model_of,
+    new_id,
+    positive_int,
+)
+
+STOP_REASONS: dict[Finish, str] = {"stop": "end_turn", "length": "max_tokens"}
+
+_ERRORS: dict[int, tuple[str, str]] = {
+    400: ("invalid_request_error", "Invalid request."),
+    401: ("authentication_error", "invalid x-api-key"),
+    402: ("billing_error", "Your credit balance is too low."),
+    403: ("permission_error", "Your API key does not have permission to use this resource."),
+    404: ("not_found_error", "The requested resource could not be found."),
+    413: ("request_too_large", "Request exceeds the maximum allowed number of bytes."),
+    429: ("rate_limit_error", "Number of requests has exceeded your rate limit."),
+    500: ("api_error", "Internal server error"),
+    504: ("timeout_error", "Request timed out"),
+    529: ("overloaded_error", "Overloaded"),
+}
+
+OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+
+
+def usage_json(usage: InputUsage, output: int) -> dict[str, Any]:
+    return {
+        "input_tokens": usage.total - usage.cache_read - usage.cache_created,
+        "cache_creation_input_tokens": usage.cache_created,
+        "cache_read_input_tokens": usage.cache_read,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": usage.cache_created,
+            "ephemeral_1h_input_tokens": 0,
+        },
+        "output_tokens": output,
+        "service_tier": "standard",
+    }
+
+
+def _event(name: str, data: str) -> bytes:
+    return f"event: {name}\ndata: {data}\n\n".encode()
+
+
+class AnthropicStream:
+    def __init__(self, request: Generation, usage: InputUsage) -> None:
+        self._request = request
+        self._usage = usage
+
+    def opening(self) -> list[bytes]:
+        message: dict[str, Any] = {
+            "id": new_id("msg_"),
+            "type": "message",
+            "role": "assistant",
+            "model": self._request.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage_json(self._usage, 1),
+        }
+        block = {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "text", "text": ""},
+        }
+        return [
+            _event("message_start", dumps({"type": "message_start", "message": message})),
+            _event("content_block_start", dumps(block)),
+            _event("ping", '{"type":"ping"}'),
+        ]
+
+    def piece(self, text: str, emitted: int) -> bytes:
+        delta = '{"type":"text_delta","text":' + dumps(text) + "}"
+        return _event(
+            "content_block_delta", f'{{"type":"content_block_delta","index":0,"delta":{delta}}}'
+        )
+
+    def closing(self, finish: Finish, emitted: int) -> list[bytes]:
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": STOP_REASONS[finish], "stop_sequence": None},
+            "usage": usage_json(self._usage, emitted),
+        }
+        return [
+            _event("content_block_stop", '{"type":"content_block_stop","index":0}'),
+            _event("message_delta", dumps(delta)),
+            _event("message_stop", '{"type":"message_stop"}'),
+        ]
+
+    def error(self) -> list[bytes]:
+        return [_event("error", dumps(OVERLOADED))]
+
+    def malformed(self) -> bytes:
+        whole = self.piece(" interrupted", 0).rstrip(b"\n")
+        return whole[: len(whole) - 12] + b"\n\n"
+
+
+def parse_conversation(body: Mapping[str, Any]) -> Conversation:
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for index, item in enumerate(messages):
+            role = item.get("role") if isinstance(item, Mapping) else None
+            if role not in ("user", "assistant"):
+                raise InvalidRequest(
+                    f"messages.{index}.role: Input should be 'user' or 'assistant'",
+                    f"messages.{index}.role",
+                )
+    return conversation_of(messages, body.get("system"))
+
+
+class AnthropicWire:
+    name = "anthropic"
+    overload_status = 529
+
+    def parse(self, body: Mapping[str, Any]) -> Generation:
+        model = model_of(body)
+        max_tokens = positive_int(body, "max_tokens")
+        if max_tokens is None:
+            raise InvalidRequest("max_tokens: Field required", "max_tokens")
+        conversation = parse_conversation(body)
+        last = conversation.messages[-1]
+        if last.role == "assistant" and last.text != last.text.rstrip():
+            raise InvalidRequest(
+                "messages: final assistant content cannot end with trailing whitespace",
+                "messages",
+            )
+        return Generation(
+            conversation=conversation,
+            continuation=conversation.continuation(),
+            model=model,
+            max_tokens=max_tokens,
+            stream=body.get("stream") is True,
+        )
+
+    def input_usage(self, cache: PromptCache, request: Generation) -> InputUsage:
+        prompt = layout(request.conversation)
+        use = cache.anthropic(request.model, prompt)
+        return InputUsage(len(prompt), cache_read=use.read, cache_created=use.created)
+
+    def stream_format(self, request: Generation, usage: InputUsage) -> AnthropicStream:
+        return AnthropicStream(request, usage)
+
+    def body(
+        self, request: Generation, text: str, emitted: int, finish: Finish | None, usage: InputUsage
+    ) -> dict[str, Any]:
+        return {
+            "id": new_id("msg_"),
+            "type": "message",
+            "role": "assistant",
+            "model": request.model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": STOP_REASONS[finish] if finish is not None else None,
+            "stop_sequence": None,
+            "usage": usage_json(usage, emitted),
+        }
+
+    def error(
+        self, status: int, message: str | None = None, param: str | None = None
+    ) -> ErrorReply:
+        default_type = "api_error" if status >= 500 else "invalid_request_error"
+        kind, default = _ERRORS.get(status, (default_type, f"Error {status}"))
+        request_id = new_id("req_")
+        body = {
+            "type": "error",
+            "error": {"type": kind, "message": message or default},
+            "request_id": request_id,
+        }
+        return ErrorReply(status, body, {"request-id": request_id})
+
+
+def count_tokens(body: Mapping[str, Any]) -> dict[str, int]:
+    model_of(body)
+    return {"input_tokens": len(layout(parse_conversation(body)))}

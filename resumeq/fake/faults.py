@@ -1,0 +1,80 @@
+"""Faults queued through ``POST /_fake/faults`` and applied to the next generation requests.
+
+Each fault serves ``times`` requests, in queue order. Only generation requests
+(``/v1/chat/completions``, ``/v1/messages``) take faults, and only once they passed validation.
+A stream fault fires after ``min(after_tokens, tokens the request would send)`` tokens, so a
+queued fault is always observed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+FaultKind = Literal["disconnect", "truncate", "malformed", "stall", "error_event", "status"]
+
+
+class Fault(BaseModel):
+    """One fault.
+
+    - ``disconnect``: close the socket after ``after_tokens`` tokens, mid-body.
+    - ``truncate``: end the body cleanly after ``after_tokens`` tokens, with no finish reason
+      and no ``[DONE]`` / ``message_stop``.
+    - ``malformed``: after ``after_tokens`` tokens send one event whose data is not valid JSON,
+      then end the body.
+    - ``stall``: after ``after_tokens`` tokens send nothing for ``seconds``, then close.
+    - ``error_event``: after ``after_tokens`` tokens send the wire's in-band error, then end.
+    - ``status``: answer ``status`` at once with the wire's error body; ``retry_after`` (if
+      set) goes into the ``Retry-After`` header, in seconds.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: FaultKind
+    after_tokens: int = Field(default=0, ge=0)
+    status: int = Field(default=429, ge=400, le=599)
+    retry_after: float | None = Field(default=None, ge=0)
+    seconds: float = Field(default=30.0, ge=0)
+    times: int = Field(default=1, ge=1)
+    message: str | None = None
+
+
+@dataclass
+class _Queued:
+    fault: Fault
+    left: int
+
+
+class FaultQueue:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: deque[_Queued] = deque()
+
+    def add(self, faults: Iterable[Fault | Mapping[str, Any]]) -> list[Fault]:
+        parsed = [f if isinstance(f, Fault) else Fault.model_validate(f) for f in faults]
+        with self._lock:
+            self._queue.extend(_Queued(fault, fault.times) for fault in parsed)
+        return parsed
+
+    def take(self) -> Fault | None:
+        with self._lock:
+            if not self._queue:
+                return None
+            head = self._queue[0]
+            head.left -= 1
+            if head.left <= 0:
+                self._queue.popleft()
+            return head.fault
+
+    def pending(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{**q.fault.model_dump(), "uses_left": q.left} for q in self._queue]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._queue.clear()

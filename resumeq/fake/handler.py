@@ -1,0 +1,291 @@
+"""The HTTP handler: routing, the provider endpoints and the ``/_fake/`` admin endpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import ValidationError
+
+from resumeq.fake import anthropic_wire
+from resumeq.fake.admin import canonical_of, configure
+from resumeq.fake.anthropic_wire import AnthropicWire
+from resumeq.fake.conversation import InvalidRequest
+from resumeq.fake.faults import Fault
+from resumeq.fake.journal import Exchange
+from resumeq.fake.openai_wire import OpenAIWire
+from resumeq.fake.plan import Plan, plan
+from resumeq.fake.state import FakeState
+from resumeq.fake.stream import Pacing, Sink, send_stream
+from resumeq.fake.vllm import vllm_tokenize
+from resumeq.fake.wire import (
+    ErrorReply,
+    Generation,
+    InputUsage,
+    Wire,
+    dumps,
+    retry_after_headers,
+)
+
+OPENAI = OpenAIWire()
+ANTHROPIC = AnthropicWire()
+WIRES: dict[str, Wire] = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
+
+
+@dataclass(frozen=True)
+class Call:
+    """One generation request on its way out."""
+
+    wire: Wire
+    request: Generation
+    completion: Plan
+    fault: Fault | None
+    usage: InputUsage
+    exchange: Exchange
+
+
+class FakeHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], state: FakeState) -> None:
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self.state = state
+        super().__init__(address, FakeHandler)
+
+
+class FakeHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server_version = "resumeq-fake-provider"
+    server: FakeHTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the journal records every request."""
+
+    def handle(self) -> None:
+        """Serve the connection; a client that hung up (reset, broken pipe) is no error."""
+        try:
+            super().handle()
+        except ConnectionError:
+            self.close_connection = True
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    @property
+    def state(self) -> FakeState:
+        return self.server.state
+
+    @property
+    def route(self) -> str:
+        return urlsplit(self.path).path.rstrip("/") or "/"
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("content-length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _send_json(self, status: int, body: Any, headers: Mapping[str, str] | None = None) -> None:
+        data = dumps(body).encode("utf-8")
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _send_error_reply(self, reply: ErrorReply, exchange: Exchange | None = None) -> None:
+        if exchange is not None:
+            exchange.status = reply.status
+            exchange.response = reply.body
+        self._send_json(reply.status, reply.body, reply.headers)
+
+    def _drop(self) -> None:
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    # -- routing ---------------------------------------------------------------------------
+
+    def do_GET(self) -> None:
+        routes: dict[str, Callable[[], Any]] = {
+            "/_fake/requests": self.state.journal.snapshot,
+            "/_fake/faults": self.state.faults.pending,
+            "/_fake/config": self._config,
+            "/_fake/health": lambda: {"ok": True},
+            "/health": lambda: {"ok": True},
+        }
+        action = routes.get(self.route)
+        if action is None:
+            self._send_error_reply(OPENAI.error(404, f"no route GET {self.route}"))
+            return
+        self._send_json(200, action())
+
+    def do_POST(self) -> None:
+        raw = self._read_body()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            wire = ANTHROPIC if self.route.startswith("/v1/messages") else OPENAI
+            self._send_error_reply(wire.error(400, "the request body is not valid JSON"))
+            return
+        self._dispatch(body)
+
+    def _dispatch(self, body: Any) -> None:
+        route = self.route
+        wire = WIRES.get(route)
+        if wire is not None:
+            self._generate(wire, body)
+        elif route.startswith("/_fake/"):
+            self._admin(route, body)
+        elif route == "/v1/messages/count_tokens":
+            self._count(ANTHROPIC, "count_tokens", body, anthropic_wire.count_tokens)
+        elif route == "/tokenize":
+            self._count(OPENAI, "tokenize", body, vllm_tokenize)
+        else:
+            self._send_error_reply(OPENAI.error(404, f"no route POST {route}"))
+
+    # -- provider endpoints ----------------------------------------------------------------
+
+    def _count(
+        self, wire: Wire, name: str, body: Any, count: Callable[[Mapping[str, Any]], Any]
+    ) -> None:
+        exchange = self.state.journal.open(self.route, name, body)
+        try:
+            if not isinstance(body, Mapping):
+                raise InvalidRequest("the request body must be a JSON object")
+            response = count(body)
+        except InvalidRequest as exc:
+            exchange.outcome = "invalid_request"
+            self._send_error_reply(wire.error(400, exc.message, exc.param), exchange)
+            return
+        exchange.outcome, exchange.status, exchange.response = "finished", 200, response
+        self._send_json(200, response)
+
+    def _generate(self, wire: Wire, body: Any) -> None:
+        state = self.state
+        exchange = state.journal.open(self.route, wire.name, body)
+        try:
+            if not isinstance(body, Mapping):
+                raise InvalidRequest("the request body must be a JSON object")
+            request = wire.parse(body)
+            exchange.model, exchange.stream = request.model, request.stream
+            completion = plan(
+                request.conversation,
+                request.continuation,
+                request.max_tokens,
+                state.completion_tokens,
+            )
+        except InvalidRequest as exc:
+            exchange.outcome = "invalid_request"
+            self._send_error_reply(wire.error(400, exc.message, exc.param), exchange)
+            return
+        exchange.continuation = completion.journal()
+        fault = state.faults.take()
+        exchange.fault = fault.model_dump() if fault is not None else None
+        if fault is not None and fault.kind == "status":
+            exchange.outcome = "status"
+            reply = wire.error(fault.status, fault.message)
+            reply.headers.update(retry_after_headers(fault.retry_after))
+            self._send_error_reply(reply, exchange)
+            return
+        usage = wire.input_usage(state.cache, request)
+        exchange.input_tokens_billed = usage.total
+        exchange.cached_input_tokens = usage.cache_read
+        exchange.cache_creation_input_tokens = usage.cache_created
+        call = Call(wire, request, completion, fault, usage, exchange)
+        if request.stream:
+            self._stream(call)
+        else:
+            self._complete(call)
+
+    def _stream(self, call: Call) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        call.exchange.status = 200
+        pacing = Pacing(self.state.token_delay_ms / 1000.0, self.state.stopped)
+        sink = Sink(self.wfile, self.connection)
+        fmt = call.wire.stream_format(call.request, call.usage)
+        try:
+            keep = send_stream(
+                sink, fmt, call.completion, fault=call.fault, exchange=call.exchange, pacing=pacing
+            )
+        except OSError:
+            call.exchange.outcome, keep = "client_gone", False
+        if not keep:
+            self._drop()
+
+    def _complete(self, call: Call) -> None:
+        wire, exchange, fault = call.wire, call.exchange, call.fault
+        pieces, finish = call.completion.pieces, call.completion.finish
+        if fault is None:
+            body = wire.body(call.request, "".join(pieces), len(pieces), finish, call.usage)
+            exchange.pieces.extend(pieces)
+            exchange.outcome, exchange.finish_reason = "finished", finish
+            exchange.status, exchange.response = 200, body
+            self._send_json(200, body)
+            return
+        cut = min(fault.after_tokens, len(pieces))
+        exchange.outcome, exchange.output_tokens_billed = fault.kind, cut
+        if fault.kind == "error_event":
+            self._send_error_reply(wire.error(wire.overload_status), exchange)
+        elif fault.kind in ("truncate", "malformed"):
+            body = wire.body(call.request, "".join(pieces[:cut]), cut, None, call.usage)
+            self._send_broken_json(dumps(body).encode(), truncate=fault.kind == "truncate")
+            exchange.status = 200
+        else:
+            if fault.kind == "stall":
+                self.state.stopped.wait(fault.seconds)
+            self._drop()
+
+    def _send_broken_json(self, data: bytes, *, truncate: bool) -> None:
+        """Half of ``data``: announced whole and then cut (truncate), or as the whole body
+        (malformed: a complete response that is not valid JSON)."""
+        half = data[: len(data) // 2]
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data) if truncate else len(half)))
+        self.end_headers()
+        self.wfile.write(half)
+        if truncate:
+            self._drop()
+
+    # -- admin -----------------------------------------------------------------------------
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "completion_tokens": self.state.completion_tokens,
+            "token_delay_ms": self.state.token_delay_ms,
+        }
+
+    def _admin(self, route: str, body: Any) -> None:
+        state = self.state
+        try:
+            if route == "/_fake/faults":
+                items = body.get("faults") if isinstance(body, Mapping) else body
+                if not isinstance(items, list):
+                    raise InvalidRequest("expected a JSON list of faults")
+                queued = state.faults.add(items)
+                self._send_json(200, {"queued": len(queued), "pending": state.faults.pending()})
+            elif route == "/_fake/reset":
+                state.reset()
+                self._send_json(200, {"ok": True})
+            elif route == "/_fake/config":
+                configure(state, body if isinstance(body, Mapping) else {})
+                self._send_json(200, self._config())
+            elif route == "/_fake/canonical":
+                self._send_json(200, canonical_of(state, body))
+            else:
+                self._send_error_reply(OPENAI.error(404, f"no route POST {route}"))
+        except (InvalidRequest, ValidationError, TypeError) as exc:
+            self._send_json(422, {"error": {"message": str(exc), "type": "invalid_request_error"}})

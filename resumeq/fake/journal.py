@@ -1,0 +1,86 @@
+"""The request journal behind ``GET /_fake/requests``: every provider request and what it got.
+
+Admin requests (``/_fake/...``) are not journalled. An exchange is journalled when it arrives
+and updated while it streams, so a stalled stream shows what it sent so far.
+
+``output_tokens_billed`` counts every token sent, a cut stream's too; for a non-streaming
+request cut by a fault it counts the tokens generated before the fault. ``input_tokens_billed``
+is the whole prompt, cached part included (OpenAI ``prompt_tokens``; Anthropic
+``input_tokens + cache_read_input_tokens + cache_creation_input_tokens``); counting endpoints
+and refused requests bill nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Exchange:
+    seq: int
+    path: str
+    wire: str
+    body: Any
+    received_at: float = field(default_factory=time.time)
+    model: str | None = None
+    stream: bool = False
+    status: int | None = None
+    continuation: dict[str, Any] | None = None
+    fault: dict[str, Any] | None = None
+    outcome: str = "in_progress"
+    finish_reason: str | None = None
+    pieces: list[str] = field(default_factory=list)
+    output_tokens_billed: int = 0
+    input_tokens_billed: int = 0
+    cached_input_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    response: Any = None
+
+    def snapshot(self) -> dict[str, Any]:
+        pieces = list(self.pieces)
+        return {
+            "seq": self.seq,
+            "received_at": self.received_at,
+            "path": self.path,
+            "wire": self.wire,
+            "body": self.body,
+            "model": self.model,
+            "stream": self.stream,
+            "status": self.status,
+            "is_continuation": self.continuation is not None,
+            "continuation": self.continuation,
+            "fault": self.fault,
+            "outcome": self.outcome,
+            "finish_reason": self.finish_reason,
+            "tokens_emitted": len(pieces),
+            "text": "".join(pieces),
+            "output_tokens_billed": max(self.output_tokens_billed, len(pieces)),
+            "input_tokens_billed": self.input_tokens_billed,
+            "cached_input_tokens": self.cached_input_tokens,
+            "cache_creation_input_tokens": self.cache_creation_input_tokens,
+            "response": self.response,
+        }
+
+
+class Journal:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._exchanges: list[Exchange] = []
+
+    def open(self, path: str, wire: str, body: Any) -> Exchange:
+        with self._lock:
+            exchange = Exchange(seq=len(self._exchanges) + 1, path=path, wire=wire, body=body)
+            self._exchanges.append(exchange)
+            return exchange
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            exchanges = list(self._exchanges)
+        return [exchange.snapshot() for exchange in exchanges]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._exchanges.clear()

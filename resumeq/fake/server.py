@@ -1,0 +1,165 @@
+"""The fake provider as an object (in-process, in a background thread) and as a command."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from types import FrameType, TracebackType
+from typing import Any, Self
+
+from resumeq.fake.conversation import conversation_of
+from resumeq.fake.faults import Fault
+from resumeq.fake.handler import FakeHTTPServer
+from resumeq.fake.plan import canonical
+from resumeq.fake.state import FakeState
+
+
+class FakeProvider:
+    """A loopback HTTP server speaking the OpenAI and Anthropic wires (SPEC §14, §15)."""
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        completion_tokens: int | None = None,
+        token_delay_ms: float = 0.0,
+    ) -> None:
+        if completion_tokens is not None and completion_tokens < 1:
+            raise ValueError("completion_tokens must be at least 1")
+        if token_delay_ms < 0:
+            raise ValueError("token_delay_ms must be at least 0")
+        self.host = host
+        self._requested_port = port
+        self.state = FakeState(completion_tokens=completion_tokens, token_delay_ms=token_delay_ms)
+        self._server: FakeHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> Self:
+        if self._server is not None:
+            raise RuntimeError("the fake provider is already running")
+        self.state.stopped.clear()
+        server = FakeHTTPServer((self.host, self._requested_port), self.state)
+        thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"resumeq-fake-provider:{server.server_address[1]}",
+            daemon=True,
+        )
+        thread.start()
+        self._server, self._thread = server, thread
+        return self
+
+    def stop(self) -> None:
+        """Stop serving; streams in progress (and stalls) end at once."""
+        server, thread = self._server, self._thread
+        if server is None or thread is None:
+            return
+        self.state.stopped.set()
+        server.shutdown()
+        server.server_close()
+        thread.join()
+        self._server = self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- addresses -------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the fake provider is not running")
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def openai_base_url(self) -> str:
+        """As the OpenAI SDK spells it: ending in ``/v1``."""
+        return f"{self.url}/v1"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """As the Anthropic SDK spells it: no ``/v1``."""
+        return self.url
+
+    # -- control ---------------------------------------------------------------------------
+
+    @property
+    def completion_tokens(self) -> int | None:
+        return self.state.completion_tokens
+
+    @completion_tokens.setter
+    def completion_tokens(self, value: int | None) -> None:
+        self.state.completion_tokens = value
+
+    @property
+    def token_delay_ms(self) -> float:
+        return self.state.token_delay_ms
+
+    @token_delay_ms.setter
+    def token_delay_ms(self, value: float) -> None:
+        self.state.token_delay_ms = value
+
+    def add_faults(self, faults: Iterable[Fault | Mapping[str, Any]]) -> list[Fault]:
+        return self.state.faults.add(faults)
+
+    def reset(self) -> None:
+        """Clear faults, journal and prompt cache."""
+        self.state.reset()
+
+    def journal(self) -> list[dict[str, Any]]:
+        return self.state.journal.snapshot()
+
+    def canonical_tokens(self, messages: Sequence[Any], system: Any = None) -> list[str]:
+        """The canonical completion of a conversation, token by token. ``messages`` as either
+        wire spells them (system messages inline, or Anthropic's top-level ``system``)."""
+        seed = conversation_of(messages, system).seed()
+        return list(canonical(seed, self.state.completion_tokens).tokens)
+
+    def canonical_text(self, messages: Sequence[Any], system: Any = None) -> str:
+        """What a request with no fault and a large ``max_tokens`` returns."""
+        seed = conversation_of(messages, system).seed()
+        return canonical(seed, self.state.completion_tokens).text
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    completion_tokens: int | None = None,
+    token_delay_ms: float = 0.0,
+) -> None:
+    """Serve in the foreground until SIGINT or SIGTERM (``resumeq fake-provider``)."""
+    done = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        done.set()
+
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with FakeProvider(host, port, completion_tokens, token_delay_ms) as fake:
+            print(
+                f"resumeq fake provider on {fake.url} "
+                f"(OpenAI base_url {fake.openai_base_url}, Anthropic base_url "
+                f"{fake.anthropic_base_url})",
+                flush=True,
+            )
+            while not done.wait(0.5):
+                pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,95 @@
+"""What the two wires share: the parsed request, input usage, and the wire interface."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from resumeq.fake.conversation import Continuation, Conversation, InvalidRequest
+from resumeq.fake.plan import Finish
+from resumeq.fake.prompt import PromptCache
+from resumeq.fake.stream import StreamFormat
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON, as the providers send it."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+@dataclass(frozen=True)
+class Generation:
+    conversation: Conversation
+    continuation: Continuation | None
+    model: str
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool = False
+    continuous_usage: bool = False
+
+
+@dataclass(frozen=True)
+class InputUsage:
+    """``total`` is the whole prompt; ``cache_read`` and ``cache_created`` are parts of it."""
+
+    total: int
+    cache_read: int = 0
+    cache_created: int = 0
+
+
+@dataclass(frozen=True)
+class ErrorReply:
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class Wire(Protocol):
+    name: str
+    overload_status: int  # what a non-streaming request gets for an ``error_event`` fault
+
+    def parse(self, body: Mapping[str, Any]) -> Generation: ...
+
+    def input_usage(self, cache: PromptCache, request: Generation) -> InputUsage: ...
+
+    def stream_format(self, request: Generation, usage: InputUsage) -> StreamFormat: ...
+
+    def body(
+        self, request: Generation, text: str, emitted: int, finish: Finish | None, usage: InputUsage
+    ) -> dict[str, Any]: ...
+
+    def error(
+        self, status: int, message: str | None = None, param: str | None = None
+    ) -> ErrorReply: ...
+
+
+def model_of(body: Mapping[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise InvalidRequest("model: a non-empty string is required", "model")
+    return model
+
+
+def positive_int(body: Mapping[str, Any], *names: str) -> int | None:
+    """The first of ``names`` present in ``body``, which must be an integer of at least 1."""
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidRequest(f"{name}: expected an integer of at least 1", name)
+        return value
+    return None
+
+
+def retry_after_headers(retry_after: float | None) -> dict[str, str]:
+    if retry_after is None:
+        return {}
+    seconds = int(retry_after) if float(retry_after).is_integer() else retry_after
+    return {"retry-after": str(seconds)}

@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import click
 
+from resumeq import ops
+from resumeq.context import build_context
 from resumeq.errors import JobNotFound, ResumeqError
 from resumeq.fake import serve
-from resumeq.models import JobRecord
+from resumeq.janitor import Janitor
+from resumeq.producer import enqueue_job
 from resumeq.rq_worker import run_worker
 from resumeq.settings import Settings, load_settings
-from resumeq.store import Store
+from resumeq.store import DEFAULT_QUEUE, Store
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -102,33 +108,6 @@ def cli(ctx: click.Context, redis_url: str | None, config: Path | None) -> None:
     ctx.obj = Context(redis_url, config)
 
 
-def status_dict(record: JobRecord, text: str, ledger: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ``status --json`` object (SPEC §15)."""
-    return {
-        "id": record.id,
-        "state": record.state.value,
-        "text": text,
-        "budget_tokens": record.budget_tokens,
-        "floor_tokens": record.floor_tokens,
-        "spent_output_tokens": record.spent_output_tokens,
-        "counts_exact": record.counts_exact,
-        "revision": record.revision,
-        "attempt": record.attempt,
-        "attempts": ledger,
-        "finish_reason": record.finish_reason,
-        "error": record.error,
-        "reason": record.reason,
-        "spill_count": record.spill_count,
-        "queue": record.queue,
-        "provider": record.spec.provider,
-        "model": record.spec.model,
-        "prompt_hash": record.prompt_hash,
-        "created_ms": record.created_ms,
-        "updated_ms": record.updated_ms,
-        "finished_ms": record.finished_ms,
-    }
-
-
 @cli.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -136,20 +115,114 @@ def status_dict(record: JobRecord, text: str, ledger: list[dict[str, Any]]) -> d
 @reports_errors
 def status(obj: Context, job_id: str, as_json: bool) -> None:
     """Show a job: its state, cursor, revision, text and ledger."""
-    store = obj.store
-    record = store.get(job_id)
-    info = status_dict(record, store.text(job_id), store.ledger(job_id))
+    info = ops.status_dict(obj.store, job_id)
     if as_json:
         _emit(info)
         return
     for key in ("id", "state", "reason", "provider", "model", "queue", "revision", "attempt"):
-        click.echo(f"{key:>20}: {info[key]}")
-    exact = "exact" if record.counts_exact else "estimated"
-    click.echo(f"{'cursor':>20}: {record.spent_output_tokens}/{record.budget_tokens} ({exact})")
-    if record.finish_reason or record.error:
-        click.echo(f"{'finish':>20}: {record.finish_reason or ''} {record.error or ''}".rstrip())
-    click.echo(f"{'text':>20}: {len(info['text'])} characters")
+        click.echo(f"{key:>12}: {info[key]}")
+    exact = "exact" if info["counts_exact"] else "estimated"
+    click.echo(f"{'cursor':>12}: {info['spent_output_tokens']}/{info['budget_tokens']} ({exact})")
+    if info["finish_reason"] or info["error"]:
+        click.echo(f"{'finish':>12}: {info['finish_reason'] or ''} {info['error'] or ''}".rstrip())
+    for a in info["attempts"]:
+        click.echo(
+            f"{'attempt':>12}: #{a['attempt']} {a['kind']:<6} {a['outcome']:<9} "
+            f"out {a.get('output_tokens')}/{a['output_tokens_persisted']} "
+            f"in {a.get('input_tokens')} ({a.get('cut')})"
+        )
+    click.echo(f"{'text':>12}: {len(info['text'])} characters")
     click.echo(info["text"])
+
+
+def _spec_from_options(options: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "provider": options["provider"],
+        "model": options["model"],
+        "budget_tokens": options["budget"],
+    }
+    if options["prompt"] is not None and options["messages"] is not None:
+        raise click.UsageError("give --prompt or --messages, not both")
+    if options["prompt"] is not None:
+        spec["prompt"] = options["prompt"]
+    elif options["messages"] is not None:
+        try:
+            spec["messages"] = json.loads(Path(options["messages"]).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise click.BadParameter(str(exc.strerror or exc), param_hint="--messages") from None
+        except ValueError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--messages") from None
+    else:
+        raise click.UsageError("give --prompt TEXT or --messages FILE")
+    if options["floor"] is not None:
+        spec["floor_tokens"] = options["floor"]
+    exit_policy = {
+        k: options[o]
+        for k, o in (
+            ("on_cut", "on_cut"),
+            ("droppable", "droppable"),
+            ("max_attempts", "max_attempts"),
+        )
+        if options[o] is not None
+    }
+    if exit_policy:
+        spec["exit"] = exit_policy
+    if options["idempotency_key"] is not None:
+        spec["idempotency_key"] = options["idempotency_key"]
+    return spec
+
+
+@cli.command()
+@click.option("--provider", required=True, help="Provider profile name (configured on workers).")
+@click.option("--model", required=True)
+@click.option("--budget", type=int, required=True, help="Most output tokens, all attempts.")
+@click.option("--prompt", default=None, help="The user message.")
+@click.option("--messages", default=None, help="A JSON file with a list of chat messages.")
+@click.option("--floor", type=int, default=None, help="Smallest remaining budget worth resuming.")
+@click.option("--on-cut", type=click.Choice(["resume", "abandon", "spill"]), default=None)
+@click.option("--droppable/--no-droppable", default=None)
+@click.option("--max-attempts", type=int, default=None)
+@click.option("--idempotency-key", default=None)
+@click.option("--queue", default=DEFAULT_QUEUE, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+@reports_errors
+def enqueue(obj: Context, /, as_json: bool, queue: str, **options: Any) -> None:
+    """Enqueue a generation job; prints its id."""
+    spec = _spec_from_options(options)
+    providers = obj.settings.file.providers
+    if providers and spec["provider"] not in providers:
+        obj.settings.profile(spec["provider"])  # raises: names the known profiles
+    result = enqueue_job(obj.store, obj.store.redis, spec, queue=queue)
+    if as_json:
+        _emit({"id": result.id, "created": result.created, "queue": queue})
+    else:
+        click.echo(result.id)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+@reports_errors
+def stats(obj: Context, as_json: bool) -> None:
+    """Counts by state and token totals over every job in Redis."""
+    info = ops.stats(obj.store)
+    if as_json:
+        _emit(info)
+        return
+    click.echo(f"jobs: {info['jobs']}")
+    for state, n in info["states"].items():
+        if n:
+            click.echo(f"  {state:<10} {n}")
+    for key in (
+        "attempts",
+        "output_tokens_billed",
+        "output_tokens_persisted",
+        "naive_output_tokens_billed",
+        "input_tokens_billed",
+        "cached_input_tokens",
+    ):
+        click.echo(f"{key}: {info[key]}")
 
 
 @cli.command()
@@ -175,6 +248,116 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
 def worker(obj: Context, queues: tuple[str, ...], burst: bool) -> None:
     """Run an RQ worker (with the scheduler) on resumeq's queues."""
     sys.exit(run_worker(obj.settings, queues, burst=burst))
+
+
+@cli.command()
+@click.option("--once", is_flag=True, help="One sweep, then exit.")
+@click.option("--interval", type=float, default=None, help="Seconds between sweeps.")
+@click.option("--json", "as_json", is_flag=True, help="With --once: print the sweep as JSON.")
+@click.pass_obj
+@reports_errors
+def janitor(obj: Context, once: bool, interval: float | None, as_json: bool) -> None:
+    """Reap jobs whose worker died and resume, spill or abandon them."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    sweeper = Janitor(build_context(obj.settings))
+    if once:
+        report = sweeper.sweep()
+        info = {
+            "reaped": report.reaped,
+            "outcomes": report.outcomes,
+            "requeued": report.requeued,
+            "errors": report.errors,
+        }
+        if as_json:
+            _emit(info)
+        else:
+            click.echo(f"reaped {len(report.reaped)}, re-enqueued {len(report.requeued)}")
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    sweeper.run(interval_s=interval or obj.settings.file.janitor.interval_s, stop=stop)
+
+
+@cli.group()
+def spill() -> None:
+    """The spill lane: jobs that could not go on, waiting for a person."""
+
+
+@spill.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+@reports_errors
+def spill_list(obj: Context, as_json: bool) -> None:
+    """Spilled jobs, oldest first, with why they spilled."""
+    entries = ops.spill_list(obj.store)
+    if as_json:
+        click.echo(json.dumps(entries, ensure_ascii=False))  # SPEC §15: a list
+        return
+    for e in entries:
+        click.echo(f"{e['id']}  {e['spent_output_tokens']}/{e['budget_tokens']}  {e['reason']}")
+    click.echo(f"{len(entries)} spilled")
+
+
+@spill.command("show")
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+@reports_errors
+def spill_show(obj: Context, job_id: str, as_json: bool) -> None:
+    """A spilled job: why, its partial text and its ledger."""
+    info = ops.status_dict(obj.store, job_id)
+    if as_json:
+        _emit(info)
+        return
+    click.echo(f"{job_id} ({info['state']}): {info['reason']}")
+    for a in info["attempts"]:
+        click.echo(f"  #{a['attempt']} {a['kind']} {a['outcome']} ({a.get('cut')})")
+    click.echo(info["text"])
+
+
+@spill.command("requeue")
+@click.argument("job_id")
+@click.option("--to", "to_queue", default=None, help="Queue to send it to (default: its own).")
+@click.option("--provider", default=None, help="Provider profile to continue it with.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+@reports_errors
+def spill_requeue(
+    obj: Context, job_id: str, to_queue: str | None, provider: str | None, as_json: bool
+) -> None:
+    """Send a spilled job back to a queue (maybe another queue or provider)."""
+    if provider is not None and obj.settings.file.providers:
+        obj.settings.profile(provider)
+    queue = ops.requeue_spilled(obj.store, job_id, queue=to_queue, provider=provider)
+    if as_json:
+        _emit({"id": job_id, "state": "queued", "queue": queue})
+    else:
+        click.echo(f"requeued {job_id} to {queue}")
+
+
+@spill.command("drop")
+@click.argument("job_id")
+@click.option("--reason", default="dropped by operator", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+@reports_errors
+def spill_drop(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
+    """Give up on a spilled job; its partial text stays readable until it expires."""
+    ops.drop_spilled(obj.store, job_id, reason=reason)
+    if as_json:
+        _emit({"id": job_id, "state": "dropped"})
+    else:
+        click.echo(f"dropped {job_id}")
+
+
+@spill.command("export")
+@click.pass_obj
+@reports_errors
+def spill_export(obj: Context) -> None:
+    """Every spilled job as JSON lines: reason, partial text and ledger."""
+    for entry in ops.spill_list(obj.store):
+        click.echo(json.dumps(ops.status_dict(obj.store, entry["id"]), ensure_ascii=False))
 
 
 @cli.command("fake-provider")

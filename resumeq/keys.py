@@ -75,5 +75,8 @@ def idempotency(key: str) -> str:
     return f"{PREFIX}:idem:{key}"
 
 
+#: A pattern matching every job hash (not its text, lease, events or ledger).
+JOB_PATTERN = f"{PREFIX}:job:{{*}}"
+
 #: A pattern matching every key resumeq owns (for scans in tools and tests).
 ALL_PATTERN = f"{PREFIX}:*"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -76,9 +77,11 @@ class JobRecord(BaseModel):
     attempt_text_base: int = 0
     attempt_started_ms: int | None = None
     spilled_ms: int | None = None
+    #: The fencing token of the attempt a janitor found dead.
+    stalled_owner: str | None = None
 
     @property
-    def attempt_kind(self) -> str:
+    def attempt_kind(self) -> Literal["fresh", "retry", "resume"]:
         """``fresh``, ``retry`` or ``resume``: what the current attempt is."""
         if self.attempt_text_base > 0:
             return "resume"

@@ -9,16 +9,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import redis
-from rq import Queue, Worker
+from rq import Worker
+from rq.serializers import JSONSerializer
 
+from resumeq.hooks import import_hook_modules
+from resumeq.queueing import rq_queue
 from resumeq.settings import Settings
-from resumeq.store import check_queue
 
 
 def make_worker(settings: Settings, queues: Sequence[str] = ()) -> Worker:
-    names = [check_queue(q) for q in (queues or settings.file.worker.queues)]
+    """A forking RQ worker on ``queues`` (default: the configured ones), JSON-serialized."""
+    import_hook_modules(settings.file.worker.hook_modules)
     connection = redis.Redis.from_url(settings.redis_url)
-    return Worker([Queue(name, connection=connection) for name in names], connection=connection)
+    names = queues or settings.file.worker.queues
+    return Worker(
+        [rq_queue(name, connection) for name in names],
+        connection=connection,
+        serializer=JSONSerializer,
+    )
 
 
 def run_worker(settings: Settings, queues: Sequence[str] = (), *, burst: bool = False) -> int:

@@ -102,6 +102,8 @@ class WorkerSettings(BaseModel):
     flush_ms: int = Field(default=250, gt=0)
     lease_ttl_ms: int = Field(default=15_000, ge=100)
     queues: tuple[str, ...] = ("resumeq",)
+    #: Modules the workers import so that their hooks are registered.
+    hook_modules: tuple[str, ...] = ()
 
 
 class JanitorSettings(BaseModel):

@@ -41,8 +41,12 @@ _QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 _OWNER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,100}$")
 
 
-def _s(value: Any) -> str:
+def decode(value: Any) -> str:
+    """A reply element as text (the store uses a bytes-mode client, like RQ)."""
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+_s = decode
 
 
 def _pairs(flat: list[Any]) -> dict[str, str]:
@@ -238,6 +242,19 @@ class Store:
         with _redis_errors("text"):
             raw = self.redis.get(keys.text(job_id))
         return _s(raw) if raw is not None else ""
+
+    def text_bytes(self, job_id: str) -> int:
+        """Length of the stored prefix in bytes (UTF-8)."""
+        with _redis_errors("text_bytes"):
+            return int(self.redis.strlen(keys.text(job_id)))
+
+    def queued_before(self, age_ms: int, *, limit: int = 200) -> list[str]:
+        """Ids of jobs queued at least ``age_ms`` ago (Redis server time), oldest first."""
+        with _redis_errors("queued_before"):
+            sec, usec = self.redis.time()
+            cutoff = sec * 1000 + usec // 1000 - age_ms
+            ids = self.redis.zrangebyscore(keys.QUEUED, "-inf", cutoff, start=0, num=limit)
+        return [_s(i) for i in ids]
 
     def ledger(self, job_id: str) -> list[dict[str, Any]]:
         with _redis_errors("ledger"):

@@ -107,11 +107,17 @@ class AnthropicStream(ProviderStream):
         if not isinstance(raw, dict):
             raise MalformedChunk("usage is not an object")
         old = self.usage if merge else Usage()
+
+        def pick(key: str, before: int | None) -> int | None:
+            value = _int(raw.get(key))
+            return before if value is None else value
+
         self.usage = Usage(
-            input_tokens=_int(raw.get("input_tokens")) or old.input_tokens,
-            cached_input_tokens=_int(raw.get("cache_read_input_tokens")) or old.cached_input_tokens,
-            cache_creation_input_tokens=_int(raw.get("cache_creation_input_tokens"))
-            or old.cache_creation_input_tokens,
+            input_tokens=pick("input_tokens", old.input_tokens),
+            cached_input_tokens=pick("cache_read_input_tokens", old.cached_input_tokens),
+            cache_creation_input_tokens=pick(
+                "cache_creation_input_tokens", old.cache_creation_input_tokens
+            ),
             output_tokens=_int(raw.get("output_tokens")),
         )
         return self.usage

@@ -29,6 +29,10 @@ end
 local attempt = redis.call('HGET', job, 'attempt')
 local token = attempt .. ':' .. ARGV[2] .. ':' .. ARGV[3]
 redis.call('SET', lease, token, 'PX', ttl)
+if state == 'running' then
+  -- Remember whose attempt died, for its ledger record.
+  redis.call('HSET', job, 'stalled_owner', redis.call('HGET', job, 'lease_token') or '')
+end
 redis.call('HSET', job, 'state', 'stalled', 'lease_token', token)
 local rev = bump(job, now)
 local deadline = fmt(now + ttl)

@@ -1,0 +1,66 @@
+"""What a worker process works with: settings, the store, Redis and an HTTP client.
+
+Built once per process from the environment (``RESUMEQ_REDIS_URL``, ``RESUMEQ_CONFIG``).
+RQ's forking worker runs each attempt in a child process: a child builds its own context
+(an HTTP connection pool must never be shared across a fork).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+
+import httpx
+import redis
+
+from resumeq.settings import Settings, load_settings
+from resumeq.store import Store
+
+
+@dataclass
+class WorkerContext:
+    settings: Settings
+    store: Store
+    redis: redis.Redis
+    http: httpx.Client
+    #: Who this process is, in fencing tokens and ledger records.
+    name: str
+    pid: int
+
+
+_CURRENT: WorkerContext | None = None
+
+
+def worker_name() -> str:
+    host = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:60] or "host"
+    return f"{host}-{os.getpid()}"
+
+
+def build_context(settings: Settings) -> WorkerContext:
+    client = redis.Redis.from_url(settings.redis_url)
+    file = settings.file
+    store = Store(client, settings=file.store, limits=file.limits)
+    return WorkerContext(
+        settings=settings,
+        store=store,
+        redis=client,
+        http=httpx.Client(),
+        name=worker_name(),
+        pid=os.getpid(),
+    )
+
+
+def context() -> WorkerContext:
+    """This process's context, built from the environment on first use."""
+    global _CURRENT  # noqa: PLW0603 - one context per process, by design
+    if _CURRENT is None or _CURRENT.pid != os.getpid():
+        _CURRENT = build_context(load_settings())
+    return _CURRENT
+
+
+def set_context(ctx: WorkerContext | None) -> None:
+    """Use ``ctx`` in this process (tests and the embedded demo)."""
+    global _CURRENT  # noqa: PLW0603
+    _CURRENT = ctx

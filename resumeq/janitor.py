@@ -1,0 +1,185 @@
+"""The janitor (SPEC §9): finds jobs whose worker died and applies the gate for them.
+
+Each sweep:
+
+1. reaps every job whose lease deadline has passed (atomically: one janitor wins each
+   job), asks the gate with a ``worker_died`` cut, and requeues a continuation, spills,
+   abandons or fails it — writing the dead attempt's ledger record;
+2. finds ``queued`` jobs whose RQ job has vanished (a crash between the exit script and
+   the enqueue, an RQ job that failed before it could acquire) and enqueues them again;
+3. keeps RQ's own started/failed registries tidy, so ``rq info`` tells the truth.
+
+Several janitors may run at once. A failure on one job is logged and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar, TypeVarTuple
+
+from rq.registry import ScheduledJobRegistry, clean_registries
+
+from resumeq.context import WorkerContext
+from resumeq.errors import ResumeqError, WriteRefused
+from resumeq.exits import apply_decision
+from resumeq.gate import Cut, JobView, decide
+from resumeq.ledger import AttemptRecord
+from resumeq.models import JobState
+from resumeq.queueing import (
+    SPILL_QUEUE,
+    attempt_pending,
+    discard_attempt,
+    enqueue_attempt,
+    rq_queue,
+)
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+Ts = TypeVarTuple("Ts")
+
+#: A queued job younger than this may still be on its way into RQ.
+VANISHED_GRACE_MS = 5_000
+#: A delayed attempt this late is enqueued by the janitor itself.
+SCHEDULE_GRACE_S = 3.0
+#: RQ's registries are cleaned at most this often.
+REGISTRY_INTERVAL_S = 15.0
+
+
+@dataclass
+class SweepReport:
+    reaped: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
+    outcomes: dict[str, str] = field(default_factory=dict)
+    errors: int = 0
+
+
+class Janitor:
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
+        self.name = f"janitor-{ctx.name}"
+        self._last_registry_clean = 0.0
+
+    def sweep(self) -> SweepReport:
+        report = SweepReport()
+        for job_id in self._safe(report, self.store.expired_leases) or []:
+            outcome = self._safe(report, self._reap, job_id)
+            if outcome:
+                report.reaped.append(job_id)
+                report.outcomes[job_id] = outcome
+        for job_id in self._safe(report, self.store.queued_before, VANISHED_GRACE_MS) or []:
+            if self._safe(report, self._requeue_vanished, job_id):
+                report.requeued.append(job_id)
+        self._safe(report, self._enqueue_late_scheduled)
+        if time.monotonic() - self._last_registry_clean >= REGISTRY_INTERVAL_S:
+            self._safe(report, self._clean_registries)
+            self._last_registry_clean = time.monotonic()
+        return report
+
+    def run(self, *, interval_s: float, stop: threading.Event | None = None) -> None:
+        stop = stop or threading.Event()
+        log.info("%s sweeping every %.1f s", self.name, interval_s)
+        while not stop.is_set():
+            report = self.sweep()
+            if report.reaped or report.requeued:
+                log.info(
+                    "reaped %d job(s) %s, re-enqueued %d",
+                    len(report.reaped),
+                    report.outcomes,
+                    len(report.requeued),
+                )
+            stop.wait(interval_s)
+
+    def _safe(self, report: SweepReport, fn: Callable[[*Ts], R], *args: *Ts) -> R | None:
+        try:
+            return fn(*args)
+        except (ResumeqError, ValueError, OSError) as exc:
+            report.errors += 1
+            log.warning("%s: %s%s failed: %s", self.name, getattr(fn, "__name__", fn), args, exc)
+        except Exception:
+            report.errors += 1
+            log.exception("%s: %s%s failed", self.name, getattr(fn, "__name__", fn), args)
+        return None
+
+    def _reap(self, job_id: str) -> str | None:
+        ttl_ms = self.ctx.settings.file.worker.lease_ttl_ms
+        result = self.store.reap(job_id, janitor=self.name, ttl_ms=ttl_ms)
+        if result.acquired is None:
+            return None
+        lease, record = result.acquired.lease, result.acquired.record
+        view = JobView(
+            budget_tokens=record.budget_tokens,
+            floor_tokens=record.floor_tokens,
+            spent_output_tokens=record.spent_output_tokens,
+            prefix_chars=self.store.text_bytes(job_id),
+            attempts=record.attempt,
+            spill_count=record.spill_count,
+            counts_exact=record.counts_exact,
+            require_exact_counts=record.spec.require_exact_counts,
+            byte_exact=record.spec.byte_exact,
+            exit=record.spec.exit,
+        )
+        decision = decide(view, Cut(kind="worker_died"))
+        owner = (record.stalled_owner or "").split(":")
+        entry = AttemptRecord(
+            attempt=record.attempt,
+            kind=record.attempt_kind,
+            worker=owner[1] if len(owner) > 2 else "unknown",
+            started_ms=record.attempt_started_ms,
+            ended_ms=record.updated_ms,
+            outcome=decision.action,
+            cut="worker_died",
+            detail="lease expired; reaped by " + self.name,
+            provider=record.spec.provider,
+            prefix_tokens=record.attempt_spent_base,
+            output_tokens_persisted=record.spent_output_tokens - record.attempt_spent_base,
+            count_source="chunks" if not record.counts_exact else "usage",
+            counts_exact=record.counts_exact,
+        )
+        try:
+            return apply_decision(
+                self.store, self.ctx.redis, lease, record, decision, ledger=entry.to_json_dict()
+            )
+        except WriteRefused as exc:
+            log.info("job %s changed while being reaped: %s", job_id, exc)
+            return None
+
+    def _requeue_vanished(self, job_id: str) -> bool:
+        record = self.store.get(job_id)
+        if record.state is not JobState.QUEUED:
+            return False
+        attempt = record.attempt + 1
+        if attempt_pending(self.ctx.redis, job_id, attempt):
+            return False
+        discard_attempt(self.ctx.redis, job_id, attempt)
+        requeued = enqueue_attempt(self.ctx.redis, job_id, queue=record.queue, attempt=attempt)
+        if requeued:
+            log.info("job %s was queued without an RQ job: enqueued attempt %d", job_id, attempt)
+        return requeued
+
+    def _queues(self) -> set[str]:
+        return {*self.ctx.settings.file.worker.queues, SPILL_QUEUE}
+
+    def _clean_registries(self) -> None:
+        for name in self._queues():
+            clean_registries(rq_queue(name, self.ctx.redis))
+
+    def _enqueue_late_scheduled(self) -> None:
+        """Delayed attempts overdue by ``SCHEDULE_GRACE_S``: RQ's scheduler lives in one
+        worker and, if that worker died, nobody takes its lock over for a minute or two.
+        A doubled enqueue is harmless: only one run can take the job's lease."""
+        cutoff = int(time.time() - SCHEDULE_GRACE_S)
+        for name in self._queues():
+            queue = rq_queue(name, self.ctx.redis)
+            registry = ScheduledJobRegistry(queue=queue)  # type: ignore[no-untyped-call]
+            for rq_id in registry.get_jobs_to_schedule(cutoff):
+                job = queue.fetch_job(rq_id)
+                registry.remove(rq_id)
+                if job is not None:
+                    queue.enqueue_job(job)
+                    log.info("enqueued overdue scheduled attempt %s", rq_id)

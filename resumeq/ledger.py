@@ -1,0 +1,89 @@
+"""The ledger: one record per attempt, and what a job's attempts add up to (SPEC §6).
+
+Input and output tokens are kept apart: a continuation re-sends input (the prompt and the
+prefix), and the summary's ``input_replay_ratio`` says how much. Counts the provider did not
+report are None, never guessed: a cut OpenAI stream has no usage, and its record says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from resumeq.settings import Prices
+
+CountSource = Literal["usage", "tokenizer", "chunks"]
+
+
+class AttemptRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    attempt: int
+    kind: Literal["fresh", "retry", "resume"]
+    worker: str
+    started_ms: int | None = None
+    ended_ms: int | None = None
+    #: What ended the attempt: the gate's action, or ``worker_died`` / ``lost``.
+    outcome: str
+    cut: str | None = None
+    detail: str = ""
+    provider: str | None = None
+    max_tokens: int | None = None
+    #: The stored prefix when the attempt started (tokens), and how much of it was sent.
+    prefix_tokens: int = 0
+    prefix_chars_sent: int = 0
+    input_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+    #: Output tokens the provider reported for this attempt (None: it did not say).
+    output_tokens: int | None = None
+    #: Output tokens written to the cursor by this attempt.
+    output_tokens_persisted: int = 0
+    chars_persisted: int = 0
+    count_source: CountSource = "chunks"
+    counts_exact: bool = False
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def summary(
+    attempts: Iterable[Mapping[str, Any]],
+    *,
+    original_input_tokens: int | None = None,
+    prices: Prices | None = None,
+) -> dict[str, Any]:
+    """Totals over a job's ledger: tokens billed and persisted, input replay, money."""
+    records = [AttemptRecord.model_validate(a) for a in attempts]
+    billed_out = sum(r.output_tokens or r.output_tokens_persisted for r in records)
+    persisted = sum(r.output_tokens_persisted for r in records)
+    billed_in = sum(r.input_tokens or 0 for r in records)
+    cached_in = sum(r.cached_input_tokens or 0 for r in records)
+    resume_in = sum(r.input_tokens or 0 for r in records if r.kind == "resume")
+    first_in = next((r.input_tokens for r in records if r.input_tokens), None)
+    base_in = original_input_tokens or first_in
+    out: dict[str, Any] = {
+        "attempts": len(records),
+        "resumes": sum(1 for r in records if r.kind == "resume"),
+        "retries": sum(1 for r in records if r.kind == "retry"),
+        "output_tokens_billed": billed_out,
+        "output_tokens_persisted": persisted,
+        "input_tokens_billed": billed_in,
+        "cached_input_tokens": cached_in,
+        "output_counts_complete": all(r.output_tokens is not None for r in records),
+        "input_replay_ratio": None,
+    }
+    if base_in and resume_in:
+        # What resumes re-sent against the most they could have: prompt plus prefix, each.
+        ceiling = sum(base_in + r.prefix_tokens for r in records if r.kind == "resume")
+        out["input_replay_ratio"] = round(resume_in / ceiling, 4)
+    if prices is not None:
+        cached_price = prices.cached_input if prices.cached_input is not None else prices.input
+        out["cost"] = round(
+            ((billed_in - cached_in) * prices.input + cached_in * cached_price) / 1e6
+            + billed_out * prices.output / 1e6,
+            6,
+        )
+    return out

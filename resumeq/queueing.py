@@ -1,0 +1,99 @@
+"""resumeq's attempts as RQ jobs.
+
+Each attempt of a job is its own RQ job, ``<job id>-a<attempt>``, enqueued with RQ's
+``unique=True`` so a second enqueue of the same attempt is refused; and even if two ran,
+only one could take the lease. RQ jobs carry only the job id, serialized as JSON (never
+pickle), and have no RQ timeout: a long stream is never cut by RQ — resumeq's lease is what
+detects a dead worker.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+import redis
+from rq import Queue
+from rq.exceptions import DuplicateJobError, NoSuchJobError
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+
+from resumeq.store import check_queue
+
+log = logging.getLogger(__name__)
+
+#: The spill lane: an RQ queue that normal workers do not serve.
+SPILL_QUEUE = "resumeq-spill"
+#: The RQ function that runs one attempt.
+ATTEMPT_FUNC = "resumeq.worker.run_attempt"
+HOOK_FUNC = "resumeq.hooks.run_hook"
+#: RQ keeps a finished attempt's record this long (seconds), for ``rq info`` and dashboards.
+RESULT_TTL_S = 3600
+FAILURE_TTL_S = 7 * 24 * 3600
+
+_ENDED = {JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED}
+
+
+def rq_queue(name: str, connection: redis.Redis) -> Queue:
+    return Queue(check_queue(name), connection=connection, serializer=JSONSerializer)
+
+
+def attempt_rq_id(job_id: str, attempt: int) -> str:
+    return f"{job_id}-a{attempt}"
+
+
+def hook_rq_id(job_id: str, hook: str) -> str:
+    return f"{job_id}-hook-{hook.replace('.', '_')}"
+
+
+def enqueue_attempt(
+    connection: redis.Redis,
+    job_id: str,
+    *,
+    queue: str,
+    attempt: int,
+    delay_s: float = 0.0,
+) -> bool:
+    """Enqueue attempt number ``attempt`` of ``job_id`` (after ``delay_s``).
+
+    Answers False when that attempt is already enqueued (or ran): never twice.
+    """
+    q = rq_queue(queue, connection)
+    options = {
+        "job_id": attempt_rq_id(job_id, attempt),
+        "job_timeout": -1,
+        "result_ttl": RESULT_TTL_S,
+        "failure_ttl": FAILURE_TTL_S,
+        "description": f"resumeq attempt {attempt} of {job_id}",
+        "unique": True,
+    }
+    try:
+        if delay_s > 0:
+            q.enqueue_in(timedelta(seconds=delay_s), ATTEMPT_FUNC, job_id, **options)
+        else:
+            q.enqueue(ATTEMPT_FUNC, job_id, **options)
+    except DuplicateJobError:
+        return False
+    return True
+
+
+def attempt_pending(connection: redis.Redis, job_id: str, attempt: int) -> bool:
+    """Whether the RQ job of that attempt exists and has not ended."""
+    try:
+        job = Job.fetch(
+            attempt_rq_id(job_id, attempt), connection=connection, serializer=JSONSerializer
+        )
+    except NoSuchJobError:
+        return False
+    return job.get_status(refresh=False) not in _ENDED
+
+
+def discard_attempt(connection: redis.Redis, job_id: str, attempt: int) -> None:
+    """Delete an attempt's RQ job (ended, or parked in the spill queue)."""
+    try:
+        job = Job.fetch(
+            attempt_rq_id(job_id, attempt), connection=connection, serializer=JSONSerializer
+        )
+    except NoSuchJobError:
+        return
+    job.delete()

@@ -1,0 +1,98 @@
+"""Helpers shared by the end-to-end tests (real redis-server, worker processes, fake
+provider over HTTP)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from resumeq.fake import FakeProvider, count_tokens
+from resumeq.models import JobRecord
+from resumeq.producer import enqueue_job
+from resumeq.store import Store
+from resumeq.testing.processes import Cluster, wait_for, write_config
+
+TERMINAL = {"done", "failed", "cancelled", "abandoned", "dropped", "spilled"}
+
+
+@dataclass
+class World:
+    store: Store
+    fake: FakeProvider
+    cluster: Cluster
+    config: Path
+
+    def enqueue(self, prompt: str, **over: Any) -> str:
+        spec = {"prompt": prompt, "provider": "fake", "model": "fake-model", "budget_tokens": 2000}
+        spec.update(over)
+        queue = spec.pop("queue", "resumeq")
+        return enqueue_job(self.store, self.store.redis, spec, queue=queue).id
+
+    def canonical(self, prompt: str) -> str:
+        return self.fake.canonical_text([{"role": "user", "content": prompt}])
+
+    def wait_state(self, job_id: str, states: set[str], timeout_s: float = 30) -> JobRecord:
+        def reached() -> JobRecord | None:
+            record = self.store.get(job_id)
+            return record if record.state.value in states else None
+
+        try:
+            return wait_for(reached, timeout_s=timeout_s, what=f"job {job_id} in {states}")  # type: ignore[no-any-return]
+        except TimeoutError:
+            print(self.cluster.logs())
+            raise
+
+    def wait_spent(self, job_id: str, at_least: int, timeout_s: float = 20) -> None:
+        wait_for(
+            lambda: self.store.get(job_id).spent_output_tokens >= at_least,
+            timeout_s=timeout_s,
+            what=f"job {job_id} to spend {at_least} tokens",
+        )
+
+    def requests_for(self, prompt: str) -> list[dict[str, Any]]:
+        return [
+            r
+            for r in self.fake.journal()
+            if any(prompt in str(m.get("content")) for m in r["body"].get("messages", []))
+        ]
+
+
+def make_world(
+    tmp: Path, store: Store, fake: FakeProvider, redis_url: str, **worker: Any
+) -> Iterator[World]:
+    profile = {
+        "kind": "openai",
+        "base_url": fake.openai_base_url,
+        "continue_mode": "instruction",
+        "counting": "usage",
+        "stall_timeout_s": 1.0,
+    }
+    settings = {"flush_tokens": 8, "flush_ms": 250, "lease_ttl_ms": 2000}
+    settings.update(worker)
+    config = write_config(
+        tmp / "resumeq.toml",
+        {
+            "providers": {
+                "fake": profile,
+                "fake-anthropic": {
+                    **profile,
+                    "kind": "anthropic",
+                    "base_url": fake.anthropic_base_url,
+                    "continue_mode": "prefill",
+                },
+            },
+            "worker": settings,
+            "janitor": {"interval_s": 0.3},
+        },
+    )
+    cluster = Cluster(tmp, redis_url=redis_url, config=config)
+    try:
+        yield World(store=store, fake=fake, cluster=cluster, config=config)
+    finally:
+        cluster.stop()
+
+
+def tokens(text: str) -> int:
+    return count_tokens(text)

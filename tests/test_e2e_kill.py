@@ -1,0 +1,76 @@
+"""End to end: worker processes killed and frozen mid-stream (SPEC §8, §9)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_support import World, make_world, tokens
+
+from resumeq.fake import FakeProvider
+from resumeq.store import Store
+from resumeq.testing import RedisServer
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def world(
+    tmp_path: Path, real_store: Store, fake: FakeProvider, redis_server: RedisServer
+) -> Iterator[World]:
+    yield from make_world(tmp_path, real_store, fake, redis_server.url)
+
+
+def test_sigkill_mid_stream_resumes_on_another_worker(world: World) -> None:
+    world.fake.completion_tokens = 300
+    world.fake.token_delay_ms = 8
+    a = world.cluster.worker()
+    prompt = "Explain tides to a child."
+    job_id = world.enqueue(prompt)
+    world.wait_spent(job_id, 60)
+    a.kill()
+    killed_at = world.store.get(job_id).spent_output_tokens
+
+    world.cluster.worker()
+    world.cluster.janitor()
+    record = world.wait_state(job_id, {"done", "failed", "spilled", "abandoned"})
+
+    text = world.store.text(job_id)
+    assert record.state.value == "done", record
+    assert text == world.canonical(prompt)
+    ledger = world.store.ledger(job_id)
+    assert [a["kind"] for a in ledger] == ["fresh", "resume"]
+    assert ledger[0]["cut"] == "worker_died" and ledger[0]["outcome"] == "resume"
+    assert ledger[0]["output_tokens_persisted"] == killed_at
+    # Billed by the provider (its own journal) against what the text needs.
+    billed = sum(r["output_tokens_billed"] for r in world.requests_for(prompt))
+    assert tokens(text) <= billed <= tokens(text) + 8  # at most one flush interval lost
+    resumed = world.requests_for(prompt)[-1]
+    assert resumed["is_continuation"] and resumed["body"]["max_tokens"] == 2000 - killed_at
+
+
+def test_sigstop_past_the_lease_then_sigcont_is_fenced(world: World) -> None:
+    world.fake.completion_tokens = 300
+    world.fake.token_delay_ms = 8
+    a = world.cluster.worker()
+    prompt = "Describe a frozen lake."
+    job_id = world.enqueue(prompt)
+    world.wait_spent(job_id, 40)
+    a.signal_group(signal.SIGSTOP)
+    world.cluster.worker()
+    world.cluster.janitor()
+    record = world.wait_state(job_id, {"done", "failed", "spilled", "abandoned"})
+    assert record.state.value == "done"
+    before = (world.store.text(job_id), record.revision)
+
+    a.signal_group(signal.SIGCONT)
+    deadline = time.monotonic() + 10
+    while "no longer holds the lease" not in a.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "no longer holds the lease" in a.output(), a.output()[-2000:]
+    after = world.store.get(job_id)
+    assert (world.store.text(job_id), after.revision) == before
+    assert before[0] == world.canonical(prompt)

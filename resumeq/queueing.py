@@ -10,7 +10,9 @@ detects a dead worker.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+import math
+import time
+from datetime import UTC, datetime
 
 import redis
 from rq import Queue
@@ -69,7 +71,10 @@ def enqueue_attempt(
     }
     try:
         if delay_s > 0:
-            q.enqueue_in(timedelta(seconds=delay_s), ATTEMPT_FUNC, job_id, **options)
+            # RQ's scheduler keeps whole seconds: round up, so the attempt never starts
+            # before the delay (a provider's Retry-After) has passed.
+            at = datetime.fromtimestamp(math.ceil(time.time() + delay_s), tz=UTC)
+            q.enqueue_at(at, ATTEMPT_FUNC, job_id, **options)
         else:
             q.enqueue(ATTEMPT_FUNC, job_id, **options)
     except DuplicateJobError:

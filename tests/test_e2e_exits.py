@@ -1,0 +1,203 @@
+"""End to end: every kind of cut, Retry-After, fatal errors, the floor and the spill lane,
+an edited prompt, and a crowd of jobs with random cuts (SPEC §4, §8 to §10).
+
+One redis-server, one fake provider and one set of worker processes serve the module."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+from e2e_support import World, make_world, tokens
+
+from resumeq import keys
+from resumeq.fake import FakeProvider
+from resumeq.store import Store
+from resumeq.testing import RedisServer
+from resumeq.testing.processes import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+ENDED = {"done", "failed", "abandoned", "spilled", "cancelled", "dropped"}
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    tmp = tmp_path_factory.mktemp("e2e")
+    with RedisServer() as server, FakeProvider(completion_tokens=120) as fake:
+        store = Store.from_url(server.url)
+        for w in make_world(tmp, store, fake, server.url):
+            for _ in range(3):
+                w.cluster.worker()
+            w.cluster.worker("resumeq-reserved")
+            w.cluster.janitor(interval_s=0.3)
+            yield w
+
+
+@pytest.fixture(autouse=True)
+def clean_faults(world: World) -> None:
+    world.fake.reset()
+    world.fake.completion_tokens = 120
+    world.fake.token_delay_ms = 0
+
+
+def cli(world: World, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**world.cluster.env}
+    return subprocess.run(
+        [sys.executable, "-m", "resumeq", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fault", "detail"),
+    [
+        ({"kind": "disconnect", "after_tokens": 30}, "disconnected"),
+        ({"kind": "truncate", "after_tokens": 30}, "truncated"),
+        ({"kind": "malformed", "after_tokens": 30}, "malformed_chunk"),
+        ({"kind": "error_event", "after_tokens": 30}, "in_band_error"),
+        ({"kind": "stall", "after_tokens": 30, "seconds": 4}, "stalled"),
+    ],
+)
+def test_each_cut_leads_to_a_continuation(world: World, fault: dict, detail: str) -> None:  # type: ignore[type-arg]
+    prompt = f"Write about {detail} rivers."
+    world.fake.add_faults([fault])
+    job_id = world.enqueue(prompt)
+    record = world.wait_state(job_id, ENDED)
+    assert record.state.value == "done"
+    assert world.store.text(job_id) == world.canonical(prompt)
+    requests = world.requests_for(prompt)
+    # Never a replay of the prompt without the prefix: every later request continues.
+    assert [r["is_continuation"] for r in requests] == [False, True]
+    ledger = world.store.ledger(job_id)
+    assert [a["kind"] for a in ledger] == ["fresh", "resume"]
+    assert detail in ledger[0]["detail"]
+    assert ledger[0]["output_tokens_persisted"] == 30
+    assert requests[1]["body"]["max_tokens"] == 2000 - 30
+
+
+def test_a_429_with_retry_after_waits_before_retrying(world: World) -> None:
+    prompt = "Name the winds of the Mediterranean."
+    world.fake.add_faults([{"kind": "status", "status": 429, "retry_after": 2}])
+    job_id = world.enqueue(prompt)
+    record = world.wait_state(job_id, ENDED)
+    assert record.state.value == "done"
+    assert world.store.text(job_id) == world.canonical(prompt)
+    first, second = world.requests_for(prompt)
+    assert second["received_at"] - first["received_at"] >= 2.0
+    assert not second["is_continuation"]  # nothing was generated: the same request
+    ledger = world.store.ledger(job_id)
+    assert [(a["kind"], a["cut"]) for a in ledger] == [
+        ("fresh", "retryable"),
+        ("retry", "finished"),
+    ]
+
+
+def test_a_400_fails_after_one_attempt(world: World) -> None:
+    prompt = "This request is refused."
+    world.fake.add_faults([{"kind": "status", "status": 400}])
+    job_id = world.enqueue(prompt)
+    record = world.wait_state(job_id, ENDED)
+    assert record.state.value == "failed" and "400" in (record.error or "")
+    time.sleep(1.5)  # no retry comes later
+    assert len(world.requests_for(prompt)) == 1
+    assert world.store.get(job_id).attempt == 1
+
+
+def test_below_the_floor_droppable_abandons_and_others_spill(world: World) -> None:
+    dropped_prompt, kept_prompt = "A droppable poem.", "A poem we must keep."
+    world.fake.add_faults([{"kind": "disconnect", "after_tokens": 40, "times": 2}])
+    dropped = world.enqueue(dropped_prompt, budget_tokens=60, exit={"droppable": True})
+    world.wait_state(dropped, ENDED)
+    kept = world.enqueue(kept_prompt, budget_tokens=60)
+    record = world.wait_state(kept, ENDED)
+
+    abandoned = world.store.get(dropped)
+    assert abandoned.state.value == "abandoned" and "below the floor" in (abandoned.reason or "")
+    assert (
+        world.store.text(dropped)
+        == world.canonical(dropped_prompt)[: len(world.store.text(dropped))]
+    )
+    assert tokens(world.store.text(dropped)) == 40
+
+    assert record.state.value == "spilled" and record.spill_count == 1
+    listed = json.loads(cli(world, "spill", "list", "--json").stdout)
+    assert [e["id"] for e in listed] == [kept]
+    assert {"id", "reason", "spilled_at", "prefix_chars"} <= set(listed[0])
+
+    out = cli(world, "spill", "requeue", kept, "--to", "resumeq-reserved")
+    assert out.returncode == 0, out.stderr
+    record = world.wait_state(kept, ENDED)
+    assert record.state.value == "done" and record.queue == "resumeq-reserved"
+    text = world.store.text(kept)
+    assert tokens(text) == 60 and world.canonical(kept_prompt).startswith(text)
+    assert record.finish_reason == "length"
+
+
+def test_a_second_failure_after_a_spill_is_failed(world: World) -> None:
+    prompt = "A story that keeps breaking."
+    world.fake.add_faults([{"kind": "disconnect", "after_tokens": 40}])
+    job_id = world.enqueue(prompt, budget_tokens=60)
+    assert world.wait_state(job_id, ENDED).state.value == "spilled"
+    world.fake.add_faults([{"kind": "disconnect", "after_tokens": 5}])
+    assert cli(world, "spill", "requeue", job_id).returncode == 0
+    record = world.wait_state(job_id, {"done", "failed", "abandoned", "dropped"})
+    assert record.state.value == "failed" and "spill is not a loop" in (record.error or "")
+    assert tokens(world.store.text(job_id)) == 45
+
+
+def test_an_edited_prompt_is_never_spliced(world: World) -> None:
+    prompt = "Summarise the history of maps."
+    world.fake.add_faults([{"kind": "disconnect", "after_tokens": 30}])
+    job_id = world.enqueue(prompt)
+    wait_for(
+        lambda: (
+            world.store.get(job_id).state.value == "queued" and world.store.get(job_id).attempt == 1
+        ),
+        timeout_s=20,
+        interval_s=0.01,
+    )
+    spec = json.loads(world.store.redis.hget(keys.job(job_id), "spec"))
+    spec["prompt"] = "Summarise the history of maps, in French."
+    world.store.redis.hset(keys.job(job_id), "spec", json.dumps(spec))
+    record = world.wait_state(job_id, ENDED)
+    assert record.state.value == "failed" and "prompt hash conflict" in (record.error or "")
+    assert world.store.text(job_id) == world.canonical(prompt)[: len(world.store.text(job_id))]
+    assert len(world.requests_for("history of maps")) == 1
+
+
+@pytest.mark.timeout(180)
+def test_twenty_jobs_three_workers_random_cuts(world: World) -> None:
+    rng = random.Random(7)
+    kinds = ["disconnect", "truncate", "malformed", "error_event"]
+    world.fake.add_faults(
+        [{"kind": rng.choice(kinds), "after_tokens": rng.randint(1, 100)} for _ in range(14)]
+    )
+    prompts = [f"Job number {i}: tell me about {w}." for i, w in enumerate(["owls"] * 20)]
+    ids = [world.enqueue(p) for p in prompts]
+    for job_id in ids:
+        world.wait_state(job_id, ENDED, timeout_s=60)
+    for job_id, prompt in zip(ids, prompts, strict=True):
+        record = world.store.get(job_id)
+        assert record.state.value == "done", (job_id, record.reason, record.error)
+        assert world.store.text(job_id) == world.canonical(prompt)
+        ledger = world.store.ledger(job_id)
+        requests = world.requests_for(prompt)
+        assert len(ledger) == len(requests)
+        billed = sum(r["output_tokens_billed"] for r in requests)
+        assert sum(a["output_tokens_persisted"] for a in ledger) == billed
+        assert record.spent_output_tokens == billed == tokens(world.store.text(job_id))
+        assert sum(a["input_tokens"] for a in ledger) == sum(
+            r["input_tokens_billed"] for r in requests
+        )
+    assert os.environ.get("RESUMEQ_CONFIG") is None  # the test process itself uses no config

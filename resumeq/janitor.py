@@ -34,6 +34,7 @@ from resumeq.queueing import (
     attempt_pending,
     discard_attempt,
     enqueue_attempt,
+    fail_dead_attempt,
     rq_queue,
 )
 
@@ -142,12 +143,15 @@ class Janitor:
             counts_exact=record.counts_exact,
         )
         try:
-            return apply_decision(
+            outcome = apply_decision(
                 self.store, self.ctx.redis, lease, record, decision, ledger=entry.to_json_dict()
             )
         except WriteRefused as exc:
             log.info("job %s changed while being reaped: %s", job_id, exc)
             return None
+        reason = f"resumeq: lease expired, worker presumed dead; job {outcome} by {self.name}"
+        fail_dead_attempt(self.ctx.redis, job_id, record.attempt, reason)
+        return outcome
 
     def _requeue_vanished(self, job_id: str) -> bool:
         record = self.store.get(job_id)

@@ -18,6 +18,8 @@ import redis
 from rq import Queue
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
+from rq.job_lifecycle import record_job_failure
+from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from resumeq.store import check_queue
@@ -91,6 +93,25 @@ def attempt_pending(connection: redis.Redis, job_id: str, attempt: int) -> bool:
     except NoSuchJobError:
         return False
     return job.get_status(refresh=False) not in _ENDED
+
+
+def fail_dead_attempt(connection: redis.Redis, job_id: str, attempt: int, reason: str) -> bool:
+    """Mark a dead attempt's RQ job failed now and take it out of RQ's started registry,
+    so ``rq info`` and dashboards tell the truth without waiting for RQ's own cleanup."""
+    try:
+        job = Job.fetch(
+            attempt_rq_id(job_id, attempt), connection=connection, serializer=JSONSerializer
+        )
+    except NoSuchJobError:
+        return False
+    if job.get_status(refresh=False) != JobStatus.STARTED:
+        return False
+    registry = StartedJobRegistry(job.origin, connection=connection, serializer=JSONSerializer)
+    with connection.pipeline() as pipe:
+        registry.remove_executions(job, pipeline=pipe)
+        record_job_failure(job, reason, pipe)
+        pipe.execute()
+    return True
 
 
 def discard_attempt(connection: redis.Redis, job_id: str, attempt: int) -> None:

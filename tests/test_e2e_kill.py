@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 from e2e_support import World, make_world, tokens
+from rq.job import Job, JobStatus
+from rq.registry import StartedJobRegistry
+from rq.serializers import JSONSerializer
 
 from resumeq.fake import FakeProvider
+from resumeq.queueing import attempt_rq_id
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 
@@ -50,6 +54,13 @@ def test_sigkill_mid_stream_resumes_on_another_worker(world: World) -> None:
     assert tokens(text) <= billed <= tokens(text) + 8  # at most one flush interval lost
     resumed = world.requests_for(prompt)[-1]
     assert resumed["is_continuation"] and resumed["body"]["max_tokens"] == 2000 - killed_at
+    # RQ's own view agrees: the dead attempt failed, nothing is left "started".
+    connection = world.store.redis
+    dead = Job.fetch(attempt_rq_id(job_id, 1), connection=connection, serializer=JSONSerializer)
+    assert dead.get_status() == JobStatus.FAILED
+    assert StartedJobRegistry("resumeq", connection=connection).get_job_ids() == []
+    finished = Job.fetch(attempt_rq_id(job_id, 2), connection=connection, serializer=JSONSerializer)
+    assert finished.get_status() == JobStatus.FINISHED
 
 
 def test_sigstop_past_the_lease_then_sigcont_is_fenced(world: World) -> None:

@@ -1,0 +1,98 @@
+"""End to end: after-completion hooks run once, as their own RQ job, only when the text is
+final (SPEC §11); a cancelled job's worker stops streaming at once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_support import World, make_world
+
+from resumeq.fake import FakeProvider
+from resumeq.hooks import enqueue_hooks
+from resumeq.queueing import hook_rq_id
+from resumeq.store import Store
+from resumeq.testing import RedisServer
+from resumeq.testing.processes import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+HOOKS = """
+import os
+import redis
+from resumeq.hooks import HookCall, hook
+
+
+@hook("record")
+def record(call: HookCall) -> None:
+    client = redis.Redis.from_url(os.environ["RESUMEQ_REDIS_URL"])
+    client.rpush(
+        "test:hook-calls",
+        f"{call.job_id}|{call.idempotency_key}|{call.record.state}|{len(call.text)}",
+    )
+"""
+
+
+@pytest.fixture
+def world(
+    tmp_path: Path, real_store: Store, fake: FakeProvider, redis_server: RedisServer
+) -> Iterator[World]:
+    (tmp_path / "hooks_mod").mkdir()
+    (tmp_path / "hooks_mod" / "resumeq_test_hooks.py").write_text(HOOKS)
+    for w in make_world(
+        tmp_path, real_store, fake, redis_server.url, hook_modules=["resumeq_test_hooks"]
+    ):
+        w.cluster.env["PYTHONPATH"] = str(tmp_path / "hooks_mod")
+        yield w
+
+
+def test_hooks_run_once_after_the_text_is_final(world: World) -> None:
+    world.cluster.worker()
+    world.cluster.janitor()
+    world.fake.completion_tokens = 80
+    world.fake.add_faults([{"kind": "disconnect", "after_tokens": 20}])
+    prompt = "A message worth forwarding."
+    job_id = world.enqueue(prompt, hooks=["record"])
+    assert world.wait_state(job_id, {"done", "failed"}).state.value == "done"
+    calls = wait_for(
+        lambda: world.store.redis.lrange("test:hook-calls", 0, -1), timeout_s=15, what="hook"
+    )
+    text = world.canonical(prompt)
+    assert [c.decode() for c in calls] == [f"{job_id}|{job_id}:record|done|{len(text)}"]
+    # Enqueueing the hook again (a retried exit) is recognised: no second run.
+    assert enqueue_hooks(world.store.redis, world.store.get(job_id)) == 0
+    time.sleep(1)
+    assert world.store.redis.llen("test:hook-calls") == 1
+    assert hook_rq_id(job_id, "record").startswith(job_id)
+
+
+def test_cancel_stops_the_stream(world: World) -> None:
+    world.cluster.worker()
+    world.fake.completion_tokens = 400
+    world.fake.token_delay_ms = 10
+    prompt = "A long essay nobody will read."
+    job_id = world.enqueue(prompt)
+    world.wait_spent(job_id, 30)
+    out = subprocess.run(
+        [sys.executable, "-m", "resumeq", "cancel", job_id, "--json"],
+        env=world.cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    wait_for(
+        lambda: world.requests_for(prompt)[-1]["outcome"] != "in_progress",
+        timeout_s=10,
+        what="the stream to be closed",
+    )
+    billed = world.requests_for(prompt)[-1]["output_tokens_billed"]
+    assert billed < 200, billed  # closed within a flush or a heartbeat, not run to the end
+    record = world.store.get(job_id)
+    assert record.state.value == "cancelled"
+    assert world.canonical(prompt).startswith(world.store.text(job_id))

@@ -13,12 +13,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from resumeq.errors import LeaseLost, RedisUnavailable, StaleRevision
 from resumeq.models import Lease
 from resumeq.store import Store
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Batch:
+    """One flush's worth: pending text items, tokens sent, pending tokens it accounts for."""
+
+    items: int
+    tokens: int
+    consumed: int
+    exact: bool = True
 
 
 class Checkpointer:
@@ -49,6 +60,9 @@ class Checkpointer:
         self.flushes = 0
         #: Whether every count of this attempt so far is exact.
         self.exact = True
+        #: What the last flush tried to write when Redis did not answer. It may have been
+        #: applied; the next flush finds out.
+        self._inflight: _Batch | None = None
 
     @property
     def pending_tokens(self) -> int:
@@ -73,34 +87,64 @@ class Checkpointer:
     def flush(self, *, exact_total: int | None = None) -> bool:
         """Write what is pending. With ``exact_total`` (this attempt's exact output count)
         the flush also corrects every estimate made so far. Answers False if Redis was
-        unreachable (the delta stays pending)."""
-        text = "".join(self._pending_text)
-        tokens = self._pending_tokens
-        exact = self.exact
+        unreachable (the delta stays pending).
+
+        A batch whose flush got no answer is sent again unchanged, with the same expected
+        revision, before anything newer: either it was applied (the revision moved by one
+        and the lease is still ours) or it is applied now — never twice, never lost.
+        """
+        while True:
+            retry = self._inflight is not None
+            batch = self._inflight or self._next_batch(exact_total)
+            if batch is None:
+                return True
+            try:
+                result = self.store.flush(
+                    self.lease,
+                    expected_revision=self.revision,
+                    delta="".join(self._pending_text[: batch.items]),
+                    tokens=batch.tokens,
+                    exact=batch.exact,
+                )
+            except RedisUnavailable as exc:
+                self._inflight = batch
+                self._unreachable(exc)
+                return False
+            except StaleRevision as exc:
+                if not retry or not self._applied_before(exc):
+                    raise
+                self._written(batch, revision=self.revision + 1)
+                continue
+            self._written(batch, revision=result.revision)
+            if not retry:
+                return True
+
+    def _next_batch(self, exact_total: int | None) -> _Batch | None:
+        """Everything pending, or None when there is nothing to write."""
+        batch = _Batch(len(self._pending_text), self._pending_tokens, self._pending_tokens)
+        batch.exact = self.exact
         if exact_total is not None:
-            tokens = exact_total - self.flushed_tokens
-            exact = True
-        try:
-            result = self.store.flush(
-                self.lease, expected_revision=self.revision, delta=text, tokens=tokens, exact=exact
-            )
-        except RedisUnavailable as exc:
-            self._unreachable(exc)
-            return False
-        except StaleRevision as exc:
-            if not self._applied_before(exc):
-                raise
-            self.revision += 1
-        else:
-            self.revision = result.revision
-        self._pending_text.clear()
-        self._pending_tokens = 0
-        self.flushed_tokens += tokens
-        self.flushed_chars += len(text)
+            batch.tokens = exact_total - self.flushed_tokens
+            batch.exact = True
+            if not batch.items and not batch.tokens:
+                self.exact = True
+                self._pending_tokens = 0
+                return None
+        elif not batch.items and not batch.tokens:
+            return None
+        return batch
+
+    def _written(self, batch: _Batch, *, revision: int) -> None:
+        written = self._pending_text[: batch.items]
+        del self._pending_text[: batch.items]
+        self._pending_tokens -= batch.consumed
+        self._inflight = None
+        self.revision = revision
+        self.flushed_tokens += batch.tokens
+        self.flushed_chars += sum(len(t) for t in written)
         self.flushes += 1
-        self.exact = exact
+        self.exact = batch.exact
         self._last_flush = self.lease_confirmed = self._clock()
-        return True
 
     def _unreachable(self, exc: RedisUnavailable) -> None:
         lapsed = self._clock() - self.lease_confirmed

@@ -286,15 +286,6 @@ class AttemptRunner:
         return None, "chunks"
 
     def _final_flush(self, ckpt: Checkpointer, exact_total: int | None) -> None:
-        if exact_total is None and not ckpt.pending_tokens and not ckpt.has_pending_text:
-            return
-        if (
-            exact_total is not None
-            and exact_total == ckpt.flushed_tokens
-            and not (ckpt.pending_tokens or ckpt.has_pending_text)
-        ):
-            ckpt.exact = True
-            return
         while not ckpt.flush(exact_total=exact_total):
             time.sleep(_RETRY_PAUSE_S)  # Redis unreachable: ckpt raises once the lease is gone
 

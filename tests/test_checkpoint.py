@@ -1,0 +1,170 @@
+"""The checkpointer and the heartbeat against a real redis-server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from resumeq import keys
+from resumeq.checkpoint import Checkpointer
+from resumeq.errors import LeaseLost, RedisUnavailable
+from resumeq.heartbeat import Heartbeat
+from resumeq.models import Acquired, FlushResult, Lease
+from resumeq.store import Store
+
+SPEC = {"prompt": "p", "provider": "local", "model": "m", "budget_tokens": 1000}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FlakyStore(Store):
+    """Fails the next flushes: before the write (``down``) or after it (``lose_reply``)."""
+
+    down = 0
+    lose_reply = 0
+
+    def flush(self, lease: Lease, **kwargs: Any) -> FlushResult:
+        if self.down:
+            self.down -= 1
+            raise RedisUnavailable("flush: Redis unreachable: test")
+        result = super().flush(lease, **kwargs)
+        if self.lose_reply:
+            self.lose_reply -= 1
+            raise RedisUnavailable("flush: connection dropped before the reply")
+        return result
+
+
+def started(store: Store, ttl_ms: int = 5000) -> Acquired:
+    return store.acquire(store.create(SPEC).id, worker="w1", ttl_ms=ttl_ms)
+
+
+def test_flushes_every_n_tokens(real_store: Store) -> None:
+    got = started(real_store)
+    clock = Clock()
+    ck = Checkpointer(real_store, got.lease, revision=1, flush_tokens=4, flush_ms=250, clock=clock)
+    for i in range(10):
+        ck.add(f"t{i} ", 1, exact=True)
+    assert ck.flushes == 2 and ck.flushed_tokens == 8 and ck.pending_tokens == 2
+    assert real_store.text(got.lease.job_id) == "".join(f"t{i} " for i in range(8))
+
+
+def test_flushes_after_flush_ms_whichever_first(real_store: Store) -> None:
+    got = started(real_store)
+    clock = Clock()
+    ck = Checkpointer(
+        real_store, got.lease, revision=1, flush_tokens=100, flush_ms=250, clock=clock
+    )
+    ck.add("a", 1, exact=False)
+    assert ck.flushes == 0
+    clock.t = 0.3
+    ck.add("b", 1, exact=False)
+    assert ck.flushes == 1 and real_store.text(got.lease.job_id) == "ab"
+    assert not real_store.get(got.lease.job_id).counts_exact
+
+
+def test_an_exact_total_corrects_the_estimates(real_store: Store) -> None:
+    got = started(real_store)
+    ck = Checkpointer(real_store, got.lease, revision=1, flush_tokens=2, flush_ms=250)
+    for piece in ("one ", "two ", "three "):
+        ck.add(piece, 1, exact=False)
+    ck.flush(exact_total=5)
+    record = real_store.get(got.lease.job_id)
+    assert record.spent_output_tokens == 5 and record.counts_exact
+    assert real_store.text(record.id) == "one two three "
+
+
+def test_redis_down_keeps_the_delta_then_writes_it(redis_client: Any) -> None:
+    store = FlakyStore(redis_client)
+    got = started(store)
+    clock = Clock()
+    ck = Checkpointer(store, got.lease, revision=1, flush_tokens=2, flush_ms=250, clock=clock)
+    store.down = 2
+    ck.add("a", 1, exact=True)
+    ck.add("b", 1, exact=True)  # due, but Redis is down: kept
+    ck.add("c", 1, exact=True)  # still down: kept
+    assert ck.flushes == 0 and ck.pending_tokens == 3
+    ck.add("d", 1, exact=True)
+    assert (
+        ck.flushes == 2 and store.text(got.lease.job_id) == "abcd"
+    )  # the kept batch, then the rest
+    assert store.get(got.lease.job_id).spent_output_tokens == 4
+
+
+def test_redis_down_past_the_lease_stops_the_attempt(redis_client: Any) -> None:
+    store = FlakyStore(redis_client)
+    got = started(store, ttl_ms=1000)
+    clock = Clock()
+    ck = Checkpointer(store, got.lease, revision=1, flush_tokens=1, flush_ms=250, clock=clock)
+    store.down = 100
+    ck.add("a", 1, exact=True)
+    clock.t = 1.5
+    with pytest.raises(LeaseLost, match="while Redis was unreachable"):
+        ck.add("b", 1, exact=True)
+
+
+def test_a_lost_reply_is_not_written_twice(redis_client: Any) -> None:
+    store = FlakyStore(redis_client)
+    got = started(store)
+    ck = Checkpointer(store, got.lease, revision=1, flush_tokens=1, flush_ms=250)
+    store.lose_reply = 1
+    ck.add("once", 1, exact=True)  # applied, but the reply was lost
+    assert ck.flushes == 0
+    ck.add(" more", 1, exact=True)  # the retry sees revision + 1 and our lease: applied
+    assert store.text(got.lease.job_id) == "once more"
+    assert store.get(got.lease.job_id).spent_output_tokens == 2
+
+
+@pytest.mark.timeout(10)
+def test_heartbeat_renews_and_reports_a_cancel(real_store: Store) -> None:
+    got = started(real_store, ttl_ms=300)
+    lost = threading.Event()
+    beat = Heartbeat(
+        real_store, got.lease, on_lost=lambda exc: lost.set(), confirmed=lambda: 0.0
+    ).start()
+    try:
+        time.sleep(0.8)  # well past the TTL: only renewals keep the lease
+        assert real_store.redis.pttl(keys.lease(got.lease.job_id)) > 0
+        assert not lost.is_set()
+        real_store.cancel(got.lease.job_id)
+        assert lost.wait(2)
+    finally:
+        beat.stop()
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    steps=st.lists(
+        st.tuples(st.text(max_size=6), st.integers(0, 3), st.sampled_from(["ok", "down", "lose"])),
+        max_size=20,
+    ),
+    exact_total=st.none() | st.integers(0, 80),
+)
+def test_faults_never_lose_or_double_a_delta(
+    redis_client: Any, steps: list[tuple[str, int, str]], exact_total: int | None
+) -> None:
+    store = FlakyStore(redis_client)
+    got = started(store)
+    ck = Checkpointer(store, got.lease, revision=1, flush_tokens=3, flush_ms=10_000)
+    for text, tokens, fault in steps:
+        store.down = int(fault == "down")
+        store.lose_reply = int(fault == "lose")
+        ck.add(text, tokens, exact=False)
+    store.down = store.lose_reply = 0
+    assert ck.flush(exact_total=exact_total)
+    record = store.get(got.lease.job_id)
+    assert store.text(record.id) == "".join(t for t, _, _ in steps)
+    want = exact_total if exact_total is not None else sum(n for _, n, _ in steps)
+    assert record.spent_output_tokens == ck.flushed_tokens == want

@@ -41,6 +41,7 @@ pytest: $(STAMP) redis-server
 
 bench: $(STAMP) redis-server
 	$(BIN)/python benchmarks/flush.py
+	$(BIN)/python benchmarks/recovery.py --kills 5
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -3,6 +3,7 @@
 The public surface is what ``__all__`` lists; everything else is internal.
 """
 
+from resumeq.client import Client, Delta, Job
 from resumeq.errors import (
     ConfigError,
     CorruptRecord,
@@ -70,10 +71,12 @@ __all__ = [
     "DEFAULT_QUEUE",
     "TERMINAL_STATES",
     "Acquired",
+    "Client",
     "ConfigError",
     "ConfigFile",
     "CorruptRecord",
     "CreateResult",
+    "Delta",
     "Disconnected",
     "ExitPolicy",
     "FatalProviderError",
@@ -85,6 +88,7 @@ __all__ = [
     "InvalidSpec",
     "InvalidTransition",
     "JanitorSettings",
+    "Job",
     "JobCancelled",
     "JobNotFound",
     "JobRecord",

@@ -20,6 +20,7 @@ from typing import Any, ParamSpec, TypeVar
 import click
 
 from resumeq import ops
+from resumeq.client import Client
 from resumeq.context import build_context
 from resumeq.errors import JobNotFound, ResumeqError
 from resumeq.fake import serve
@@ -198,6 +199,24 @@ def enqueue(obj: Context, /, as_json: bool, queue: str, **options: Any) -> None:
         _emit({"id": result.id, "created": result.created, "queue": queue})
     else:
         click.echo(result.id)
+
+
+@cli.command()
+@click.argument("job_id")
+@click.option("--after", type=int, default=0, help="Start after this revision.")
+@click.pass_obj
+@reports_errors
+def tail(obj: Context, job_id: str, after: int) -> None:
+    """Print a job's text as it grows; exit when the job ends."""
+    client = Client(obj.store.redis, settings=obj.store.settings, limits=obj.store.limits)
+    for delta in client.follow(job_id, after=after):
+        click.echo(delta.text, nl=False)
+    job = client.get(job_id)
+    click.echo()
+    detail = job.finish_reason or job.error or job.reason or ""
+    click.echo(f"[{job.state.value}{': ' + detail if detail else ''}]", err=True)
+    if job.state.value != "done":
+        sys.exit(EXIT_ERROR)
 
 
 @cli.command()

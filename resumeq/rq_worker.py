@@ -17,12 +17,23 @@ from resumeq.queueing import rq_queue
 from resumeq.settings import Settings
 
 
-def make_worker(settings: Settings, queues: Sequence[str] = ()) -> Worker:
+class ResumeqWorker(Worker):
+    """RQ's forking worker, tolerant of Redis-compatible servers whose ``CLIENT INFO``
+    reply redis-py cannot parse (the embedded Redis of ``resumeq demo`` among them)."""
+
+    def _set_ip_address(self, connection: redis.Redis) -> None:
+        try:
+            super()._set_ip_address(connection)
+        except ValueError:
+            self.ip_address = "unknown"
+
+
+def make_worker(settings: Settings, queues: Sequence[str] = ()) -> ResumeqWorker:
     """A forking RQ worker on ``queues`` (default: the configured ones), JSON-serialized."""
     import_hook_modules(settings.file.worker.hook_modules)
     connection = redis.Redis.from_url(settings.redis_url)
     names = queues or settings.file.worker.queues
-    return Worker(
+    return ResumeqWorker(
         [rq_queue(name, connection) for name in names],
         connection=connection,
         serializer=JSONSerializer,

@@ -67,7 +67,7 @@ def _check_owner(name: str) -> str:
 
 
 @contextmanager
-def _redis_errors(op: str) -> Iterator[None]:
+def redis_errors(op: str) -> Iterator[None]:
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as exc:
@@ -224,14 +224,14 @@ class Store:
 
     def spilled(self, *, limit: int = 1000) -> list[str]:
         """Ids of spilled jobs, oldest spill first."""
-        with _redis_errors("spilled"):
+        with redis_errors("spilled"):
             ids = self.redis.zrange(keys.SPILLED, 0, limit - 1)
         return [_s(i) for i in ids]
 
     # -- reads ---------------------------------------------------------------------------
 
     def get(self, job_id: str) -> JobRecord:
-        with _redis_errors("get"):
+        with redis_errors("get"):
             fields = self.redis.hgetall(keys.job(job_id))
         if not fields:
             raise JobNotFound(f"no job {job_id}", job_id=job_id)
@@ -239,31 +239,31 @@ class Store:
 
     def text(self, job_id: str) -> str:
         """The durable prefix (the whole text once the job is done)."""
-        with _redis_errors("text"):
+        with redis_errors("text"):
             raw = self.redis.get(keys.text(job_id))
         return _s(raw) if raw is not None else ""
 
     def text_bytes(self, job_id: str) -> int:
         """Length of the stored prefix in bytes (UTF-8)."""
-        with _redis_errors("text_bytes"):
+        with redis_errors("text_bytes"):
             return int(self.redis.strlen(keys.text(job_id)))
 
     def queued_before(self, age_ms: int, *, limit: int = 200) -> list[str]:
         """Ids of jobs queued at least ``age_ms`` ago (Redis server time), oldest first."""
-        with _redis_errors("queued_before"):
+        with redis_errors("queued_before"):
             sec, usec = self.redis.time()
             cutoff = sec * 1000 + usec // 1000 - age_ms
             ids = self.redis.zrangebyscore(keys.QUEUED, "-inf", cutoff, start=0, num=limit)
         return [_s(i) for i in ids]
 
     def ledger(self, job_id: str) -> list[dict[str, Any]]:
-        with _redis_errors("ledger"):
+        with redis_errors("ledger"):
             raw = self.redis.lrange(keys.ledger(job_id), 0, -1)
         return [json.loads(_s(item)) for item in raw]
 
     def expired_leases(self, *, limit: int = 100) -> list[str]:
         """Ids of jobs whose lease deadline (Redis server time) has passed."""
-        with _redis_errors("expired_leases"):
+        with redis_errors("expired_leases"):
             sec, usec = self.redis.time()
             now_ms = sec * 1000 + usec // 1000
             ids = self.redis.zrangebyscore(keys.LEASES, "-inf", now_ms, start=0, num=limit)
@@ -469,7 +469,7 @@ class Store:
         return int(rest[0])
 
     def _run(self, name: str, job_keys: list[str], args: list[str | int], job_id: str) -> list[Any]:
-        with _redis_errors(name):
+        with redis_errors(name):
             reply = self._scripts.run(name, job_keys, args)
         return [_s(reply[0]), *reply[1:]]
 

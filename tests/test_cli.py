@@ -7,9 +7,11 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from resumeq.store import Store
 from resumeq.testing import RedisServer, free_port
@@ -102,3 +104,127 @@ def test_fake_provider_serves_until_terminated() -> None:
 def test_fake_provider_refuses_a_bad_port() -> None:
     out = run("fake-provider", "--port", "70000", url="redis://127.0.0.1:1/0")
     assert out.returncode == 2 and "70000" in out.stderr
+
+
+def write_profiles(tmp_path: Path) -> Path:
+    path = tmp_path / "resumeq.toml"
+    path.write_text('[providers.local]\nkind = "openai"\nbase_url = "http://127.0.0.1:9/v1"\n')
+    return path
+
+
+def test_enqueue_json_then_status_and_stats(
+    redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    config = write_profiles(tmp_path)
+    out = run(
+        "--config", str(config), "enqueue", "--provider", "local", "--model", "m",
+        "--budget", "300", "--prompt", "Hello", "--floor", "16", "--on-cut", "spill",
+        "--no-droppable", "--max-attempts", "3", "--idempotency-key", "cli-1", "--json",
+        url=redis_server.url,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    created = json.loads(out.stdout)
+    assert created["created"] and created["queue"] == "resumeq"
+    again = json.loads(
+        run(
+            "--config",
+            str(config),
+            "enqueue",
+            "--provider",
+            "local",
+            "--model",
+            "m",
+            "--budget",
+            "300",
+            "--prompt",
+            "Hello",
+            "--idempotency-key",
+            "cli-1",
+            "--json",
+            url=redis_server.url,
+        ).stdout
+    )
+    assert again["id"] == created["id"] and not again["created"]
+    status = json.loads(run("status", created["id"], "--json", url=redis_server.url).stdout)
+    assert status["state"] == "queued" and status["floor_tokens"] == 16
+    stats = json.loads(run("stats", "--json", url=redis_server.url).stdout)
+    assert stats["jobs"] == 1 and stats["states"]["queued"] == 1
+    for key in ("output_tokens_billed", "output_tokens_persisted", "naive_output_tokens_billed"):
+        assert key in stats
+
+
+def test_messages_file(
+    redis_server: RedisServer, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    messages = tmp_path / "m.json"
+    messages.write_text(json.dumps([{"role": "user", "content": "From a file"}]))
+    out = run(
+        "enqueue", "--provider", "local", "--model", "m", "--budget", "50",
+        "--messages", str(messages), "--json", url=redis_server.url,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--budget", "0", "--prompt", "x"), "budget_tokens"),
+        (("--budget", "10", "--prompt", "x", "--floor", "20"), "floor_tokens"),
+        (("--budget", "10"), "give --prompt TEXT or --messages FILE"),
+        (("--budget", "10", "--messages", "/nonexistent.json"), "--messages"),
+        (("--budget", "10", "--prompt", "x", "--provider", "https://evil.example"), "provider"),
+    ],
+)
+def test_enqueue_errors_are_one_line(
+    redis_server: RedisServer, redis_client: redis.Redis, args: tuple[str, ...], message: str
+) -> None:
+    base = ["enqueue", "--model", "m"]
+    if "--provider" not in args:
+        base += ["--provider", "local"]
+    out = run(*base, *args, url=redis_server.url)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+    assert list(redis_client.scan_iter("*")) == []
+
+
+def test_unknown_profile_is_refused_when_profiles_are_configured(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    out = run(
+        "--config", str(write_profiles(tmp_path)), "enqueue", "--provider", "nope",
+        "--model", "m", "--budget", "10", "--prompt", "x", url=redis_server.url,
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert "unknown provider profile 'nope' (known: local)" in out.stderr
+
+
+def test_spill_commands_json_and_errors(redis_server: RedisServer, real_store: Store) -> None:
+    assert json.loads(run("spill", "list", "--json", url=redis_server.url).stdout) == []
+    spec = {"prompt": "hi", "provider": "local", "model": "m", "budget_tokens": 100}
+    job_id = real_store.create(spec).id
+    got = real_store.acquire(job_id, worker="w", ttl_ms=5000)
+    real_store.flush(got.lease, expected_revision=1, delta="partial", tokens=1)
+    real_store.release(got.lease, to="spilled", reason="below floor")
+    listed = json.loads(run("spill", "list", "--json", url=redis_server.url).stdout)
+    assert listed[0]["id"] == job_id and listed[0]["prefix_chars"] == len("partial")
+    shown = json.loads(run("spill", "show", job_id, "--json", url=redis_server.url).stdout)
+    assert shown["state"] == "spilled" and shown["text"] == "partial"
+    exported = run("spill", "export", url=redis_server.url).stdout.splitlines()
+    assert [json.loads(line)["id"] for line in exported] == [job_id]
+    assert run("spill", "drop", job_id, "--json", url=redis_server.url).returncode == 0
+    again = run("spill", "drop", job_id, url=redis_server.url)
+    assert again.returncode == 1 and "is dropped" in again.stderr
+    missing = run("spill", "requeue", "nosuchjob", url=redis_server.url)
+    assert missing.returncode == 3 and "no job nosuchjob" in missing.stderr
+
+
+def test_tail_prints_the_text_of_an_ended_job(redis_server: RedisServer, real_store: Store) -> None:
+    spec = {"prompt": "hi", "provider": "local", "model": "m", "budget_tokens": 100}
+    job_id = real_store.create(spec).id
+    got = real_store.acquire(job_id, worker="w", ttl_ms=5000)
+    rev = real_store.flush(got.lease, expected_revision=1, delta="Hello, ", tokens=2).revision
+    real_store.flush(got.lease, expected_revision=rev, delta="world.", tokens=2)
+    real_store.finish(got.lease, state="done", finish_reason="stop")
+    out = run("tail", job_id, url=redis_server.url)
+    assert out.returncode == 0 and out.stdout == "Hello, world.\n"
+    assert "[done: stop]" in out.stderr

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import httpx
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from resumeq.settings import Settings, load_settings
 from resumeq.store import Store
@@ -38,8 +40,21 @@ def worker_name() -> str:
     return f"{host}-{os.getpid()}"
 
 
+def redis_client(settings: Settings) -> redis.Redis:
+    """A client that fails fast: a Redis call that hangs would hold up the stream, and the
+    checkpointer and heartbeat already retry until the lease would have expired."""
+    timeout = max(1.0, settings.file.worker.lease_ttl_ms / 3000)
+    return redis.Redis.from_url(
+        settings.redis_url,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
+        health_check_interval=30,
+    )
+
+
 def build_context(settings: Settings) -> WorkerContext:
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client(settings)
     file = settings.file
     store = Store(client, settings=file.store, limits=file.limits)
     return WorkerContext(

@@ -1,0 +1,75 @@
+"""End to end: Redis restarted (AOF) or unreachable while a job streams (SPEC §8)."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_support import World, make_world
+
+from resumeq.fake import FakeProvider
+from resumeq.store import Store
+from resumeq.testing import RedisServer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def aof_server() -> Iterator[RedisServer]:
+    with RedisServer(appendonly=True) as server:
+        yield server
+
+
+@pytest.fixture
+def world(tmp_path: Path, aof_server: RedisServer, fake: FakeProvider) -> Iterator[World]:
+    store = Store.from_url(aof_server.url)
+    yield from make_world(tmp_path, store, fake, aof_server.url, lease_ttl_ms=4000)
+
+
+def test_redis_restart_mid_stream_loses_nothing(world: World, aof_server: RedisServer) -> None:
+    world.fake.completion_tokens = 300
+    world.fake.token_delay_ms = 10
+    world.cluster.worker()
+    world.cluster.janitor()
+    prompt = "Write down everything, twice over."
+    job_id = world.enqueue(prompt)
+    world.wait_spent(job_id, 40)
+    aof_server.restart()
+    record = world.wait_state(job_id, {"done", "failed", "spilled", "abandoned"}, timeout_s=60)
+    assert record.state.value == "done"
+    assert world.store.text(job_id) == world.canonical(prompt)
+    # The restart was shorter than the lease: the same attempt carried on.
+    assert [a["kind"] for a in world.store.ledger(job_id)] == ["fresh"]
+
+
+def test_redis_unreachable_past_the_lease_stops_the_stream_then_resumes(
+    world: World, aof_server: RedisServer
+) -> None:
+    world.fake.completion_tokens = 3000
+    world.fake.token_delay_ms = 10
+    world.cluster.worker()
+    world.cluster.janitor()
+    prompt = "A long answer through a Redis outage."
+    job_id = world.enqueue(prompt, budget_tokens=4000)
+    world.wait_spent(job_id, 40)
+    assert aof_server.process is not None
+    aof_server.process.send_signal(signal.SIGSTOP)  # Redis stops answering
+    try:
+        time.sleep(8)  # well past the 4 s lease
+        first = world.requests_for(prompt)[0]
+        # The worker closed the stream once its lease was surely gone: the provider stopped.
+        assert first["outcome"] != "in_progress", first["outcome"]
+        assert first["tokens_emitted"] < 1500
+    finally:
+        world.fake.token_delay_ms = 0
+        aof_server.process.send_signal(signal.SIGCONT)
+    record = world.wait_state(job_id, {"done", "failed", "spilled", "abandoned"}, timeout_s=60)
+    assert record.state.value == "done"
+    assert world.store.text(job_id) == world.canonical(prompt)
+    kinds = [a["kind"] for a in world.store.ledger(job_id)]
+    assert kinds[0] == "fresh" and "resume" in kinds
+    billed = sum(r["output_tokens_billed"] for r in world.requests_for(prompt))
+    assert billed < 3000 + 1500  # a continuation, not a replay

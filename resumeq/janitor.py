@@ -14,6 +14,7 @@ Several janitors may run at once. A failure on one job is logged and the sweep g
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -24,7 +25,7 @@ from typing import TypeVar, TypeVarTuple
 from rq.registry import ScheduledJobRegistry, clean_registries
 
 from resumeq.context import WorkerContext
-from resumeq.errors import ResumeqError, WriteRefused
+from resumeq.errors import CorruptRecord, JobNotFound, ResumeqError, WriteRefused
 from resumeq.exits import apply_decision
 from resumeq.gate import Cut, JobView, decide
 from resumeq.ledger import AttemptRecord
@@ -107,9 +108,17 @@ class Janitor:
             log.exception("%s: %s%s failed", self.name, getattr(fn, "__name__", fn), args)
         return None
 
+    def _fail_unreadable(self, job_id: str, exc: CorruptRecord) -> str:
+        log.warning("job %s cannot be read back, marking it failed: %s", job_id, exc)
+        self.store.fail_unreadable(job_id, reason=f"corrupt job record: {exc}")
+        return "failed"
+
     def _reap(self, job_id: str) -> str | None:
         ttl_ms = self.ctx.settings.file.worker.lease_ttl_ms
-        result = self.store.reap(job_id, janitor=self.name, ttl_ms=ttl_ms)
+        try:
+            result = self.store.reap(job_id, janitor=self.name, ttl_ms=ttl_ms)
+        except CorruptRecord as exc:
+            return self._fail_unreadable(job_id, exc)
         if result.acquired is None:
             return None
         lease, record = result.acquired.lease, result.acquired.record
@@ -154,7 +163,16 @@ class Janitor:
         return outcome
 
     def _requeue_vanished(self, job_id: str) -> bool:
-        record = self.store.get(job_id)
+        try:
+            record = self.store.get(job_id)
+        except CorruptRecord as exc:
+            self._fail_unreadable(job_id, exc)
+            return False
+        except JobNotFound:
+            # Half deleted: the index outlived the record. fail_unreadable cleans the index.
+            with contextlib.suppress(JobNotFound):
+                self.store.fail_unreadable(job_id, reason="job record missing")
+            return False
         if record.state is not JobState.QUEUED:
             return False
         attempt = record.attempt + 1

@@ -228,6 +228,22 @@ class Store:
             ids = self.redis.zrange(keys.SPILLED, 0, limit - 1)
         return [_s(i) for i in ids]
 
+    def fail_unreadable(self, job_id: str, *, reason: str) -> int:
+        """End a job whose record cannot be read back as ``failed`` (janitor only): no
+        field of it is trusted. Answers the new revision."""
+        job_keys = [
+            keys.job(job_id),
+            keys.lease(job_id),
+            keys.LEASES,
+            keys.QUEUED,
+            keys.SPILLED,
+            keys.events(job_id),
+            keys.text(job_id),
+            keys.ledger(job_id),
+        ]
+        args: list[str | int] = [job_id, reason, self.settings.retention_s]
+        return self._write("fail", job_keys, args, job_id)
+
     # -- reads ---------------------------------------------------------------------------
 
     def get(self, job_id: str) -> JobRecord:
@@ -508,6 +524,11 @@ class Store:
                 f"{op}: job {job_id} has spilled once already; spill is not a loop",
                 job_id=job_id,
                 state="spilled",
+            )
+        if status == "corrupt":
+            raise CorruptRecord(
+                f"{op}: job {job_id}: corrupt record: field {detail} is not an integer",
+                job_id=job_id,
             )
         if status == "bad_argument":
             raise ValueError(f"{op}: job {job_id}: {detail}")

@@ -443,3 +443,17 @@ def test_the_cursor_never_goes_below_zero(store: Store) -> None:
     with pytest.raises(ValueError, match="correction"):
         store.flush(got.lease, expected_revision=1, delta="", tokens=-1, exact=False)
     assert snapshot(store, got.lease.job_id) == before
+
+
+def test_a_garbled_counter_refuses_writes_before_any_change(store: Store) -> None:
+    got = started(store)
+    store.redis.hset(keys.job(got.lease.job_id), "spent_output_tokens", "lots")
+    before = snapshot(store, got.lease.job_id)
+    with pytest.raises(CorruptRecord, match="spent_output_tokens"):
+        store.flush(got.lease, expected_revision=1, delta="x", tokens=1)
+    with pytest.raises(CorruptRecord):
+        store.cancel(got.lease.job_id)
+    assert snapshot(store, got.lease.job_id) == before
+    store.fail_unreadable(got.lease.job_id, reason="corrupt job record: test")
+    raw = store.redis.hgetall(keys.job(got.lease.job_id))
+    assert raw[b"state"] == b"failed" and raw[b"revision"] == b"2"

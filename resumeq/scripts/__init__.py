@@ -25,6 +25,7 @@ NAMES = (
     "cancel",
     "requeue",
     "drop",
+    "fail",
 )
 
 

@@ -35,6 +35,19 @@ local function retire(retention_s, ...)
   end
 end
 
+-- A record edited by hand must be refused before anything is written: Redis does not
+-- roll a script back when it fails half way. Answers the refusal, or nil.
+local NUMERIC = { 'revision', 'attempt', 'spent_output_tokens', 'spill_count', 'budget_tokens' }
+local function corrupt(job)
+  for _, field in ipairs(NUMERIC) do
+    local value = redis.call('HGET', job, field)
+    if not value or not string.match(value, '^%-?%d+$') then
+      return { 'corrupt', field }
+    end
+  end
+  return nil
+end
+
 -- The checks every fenced write makes, in order: the job exists, it was not cancelled,
 -- the caller's token is the lease, the job is in one of the allowed states. Answers nil
 -- when all pass, else the refusal to return.
@@ -45,6 +58,10 @@ local function fence(job, lease, token, allowed)
   end
   if state == 'cancelled' then
     return { 'cancelled' }
+  end
+  local bad = corrupt(job)
+  if bad then
+    return bad
   end
   if redis.call('GET', lease) ~= token then
     return { 'lease_lost', state }
@@ -64,6 +81,10 @@ local function expect_state(job, allowed)
   end
   if (allowed and not allowed[state]) or (not allowed and TERMINAL[state]) then
     return { 'wrong_state', state }
+  end
+  local bad = corrupt(job)
+  if bad then
+    return bad
   end
   return nil, state
 end

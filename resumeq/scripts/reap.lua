@@ -4,7 +4,7 @@
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] events stream
 -- ARGV[1] job id   ARGV[2] janitor id   ARGV[3] nonce   ARGV[4] lease TTL (ms)
 -- Answers: {'ok', token, deadline, <job hash as field, value, ...>} | {'not_found'}
---   | {'not_running', state} | {'alive', deadline}
+--   | {'not_running', state} | {'alive', deadline} | {'corrupt', field}
 local job, lease, leases, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id, ttl = ARGV[1], tonumber(ARGV[4])
 
@@ -16,6 +16,10 @@ end
 if state ~= 'running' and state ~= 'stalled' then
   redis.call('ZREM', leases, id)
   return { 'not_running', state }
+end
+local bad = corrupt(job)
+if bad then
+  return bad
 end
 local now = now_ms()
 local pttl = redis.call('PTTL', lease)

@@ -1,0 +1,105 @@
+"""The janitor's sweep, in process, against a real redis-server (no workers running)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from resumeq import keys
+from resumeq.context import build_context
+from resumeq.janitor import Janitor
+from resumeq.models import JobState
+from resumeq.queueing import attempt_pending, attempt_rq_id, rq_queue
+from resumeq.settings import ConfigFile, Settings, WorkerSettings
+from resumeq.store import Store
+from resumeq.testing import RedisServer
+
+SPEC = {"prompt": "p", "provider": "local", "model": "m", "budget_tokens": 500}
+
+
+@pytest.fixture
+def janitor(redis_server: RedisServer, redis_client: redis.Redis) -> Janitor:
+    settings = Settings(
+        redis_url=redis_server.url, file=ConfigFile(worker=WorkerSettings(lease_ttl_ms=200))
+    )
+    return Janitor(build_context(settings))
+
+
+def running_with_dead_lease(store: Store, spent: int) -> str:
+    job_id = store.create(SPEC).id
+    got = store.acquire(job_id, worker="dead-worker-1", ttl_ms=100)
+    if spent:
+        store.flush(got.lease, expected_revision=1, delta="x" * spent, tokens=spent)
+    return job_id
+
+
+def test_a_dead_workers_job_is_resumed_and_its_attempt_recorded(janitor: Janitor) -> None:
+    store = janitor.store
+    job_id = running_with_dead_lease(store, 40)
+    time.sleep(0.25)
+    report = janitor.sweep()
+    assert report.reaped == [job_id] and report.outcomes[job_id] == "queued"
+    record = store.get(job_id)
+    assert record.state is JobState.QUEUED and record.reason == "worker_died after 40 output tokens"
+    (entry,) = store.ledger(job_id)
+    assert entry["cut"] == "worker_died" and entry["worker"] == "dead-worker-1"
+    assert entry["output_tokens_persisted"] == 40 and entry["kind"] == "fresh"
+    assert attempt_pending(store.redis, job_id, 2)  # the continuation is enqueued at once
+
+
+def test_several_janitors_reap_each_job_once(janitor: Janitor) -> None:
+    store = janitor.store
+    ids = [running_with_dead_lease(store, 10) for _ in range(5)]
+    time.sleep(0.25)
+    other = Janitor(janitor.ctx)
+    first, second = janitor.sweep(), other.sweep()
+    assert sorted(first.reaped + second.reaped) == sorted(ids)
+    assert all(len(store.ledger(i)) == 1 for i in ids)
+
+
+def test_a_queued_job_without_an_rq_job_is_enqueued_again(
+    janitor: Janitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = janitor.store
+    job_id = store.create(SPEC).id  # written, but its RQ job never was
+    monkeypatch.setattr("resumeq.janitor.VANISHED_GRACE_MS", 0)
+    report = janitor.sweep()
+    assert report.requeued == [job_id]
+    assert rq_queue("resumeq", store.redis).fetch_job(attempt_rq_id(job_id, 1)) is not None
+    assert janitor.sweep().requeued == []  # once
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda r, k: r.hset(k, "spec", "{garbled"),
+        lambda r, k: r.hdel(k, "spec", "budget_tokens"),
+        lambda r, k: r.hset(k, "revision", "many"),
+    ],
+    ids=["garbled-spec", "fields-deleted", "garbled-revision"],
+)
+def test_a_corrupt_record_fails_and_the_sweep_goes_on(janitor: Janitor, damage: object) -> None:
+    store = janitor.store
+    bad = running_with_dead_lease(store, 5)
+    good = running_with_dead_lease(store, 5)
+    damage(store.redis, keys.job(bad))  # type: ignore[operator]
+    time.sleep(0.25)
+    report = janitor.sweep()
+    assert good in report.reaped and store.get(good).state is JobState.QUEUED
+    raw = store.redis.hgetall(keys.job(bad))
+    assert raw[b"state"] == b"failed" and b"corrupt job record" in raw[b"error"]
+    assert store.redis.zscore(keys.LEASES, bad) is None
+    assert store.expired_leases() == []
+
+
+def test_a_half_deleted_job_leaves_the_indexes(
+    janitor: Janitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = janitor.store
+    job_id = store.create(SPEC).id
+    store.redis.delete(keys.job(job_id))
+    monkeypatch.setattr("resumeq.janitor.VANISHED_GRACE_MS", 0)
+    janitor.sweep()
+    assert store.redis.zscore(keys.QUEUED, job_id) is None

@@ -260,6 +260,20 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
 
 
 @cli.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+@reports_errors
+def purge(obj: Context, job_id: str, as_json: bool) -> None:
+    """Remove a job and everything it owns now (a running job: cancel it first)."""
+    removed = obj.store.purge(job_id)
+    if as_json:
+        _emit({"id": job_id, "purged": True, "keys_removed": removed})
+    else:
+        click.echo(f"purged {job_id} ({removed} keys)")
+
+
+@cli.command()
 @click.option("--queues", "-q", multiple=True, help="Queue to serve (repeatable).")
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
 @click.pass_obj

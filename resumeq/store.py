@@ -244,6 +244,19 @@ class Store:
         args: list[str | int] = [job_id, reason, self.settings.retention_s]
         return self._write("fail", job_keys, args, job_id)
 
+    def purge(self, job_id: str) -> int:
+        """Remove a job that no worker holds, and everything it owns (text, events, ledger,
+        idempotency key). Answers how many keys were deleted."""
+        job_keys = [*keys.job_keys(job_id), keys.LEASES, keys.QUEUED, keys.SPILLED]
+        with redis_errors("purge"):
+            idem = self.redis.hget(keys.job(job_id), "idempotency_key")
+        if idem:
+            job_keys.append(keys.idempotency(decode(idem)))
+        status, *rest = self._run("purge", job_keys, [job_id], job_id)
+        if status != "ok":
+            self._refused(status, rest, job_id, "purge")
+        return int(rest[0])
+
     # -- reads ---------------------------------------------------------------------------
 
     def get(self, job_id: str) -> JobRecord:

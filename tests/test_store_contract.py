@@ -457,3 +457,21 @@ def test_a_garbled_counter_refuses_writes_before_any_change(store: Store) -> Non
     store.fail_unreadable(got.lease.job_id, reason="corrupt job record: test")
     raw = store.redis.hgetall(keys.job(got.lease.job_id))
     assert raw[b"state"] == b"failed" and raw[b"revision"] == b"2"
+
+
+def test_purge_removes_everything_a_job_owns(store: Store) -> None:
+    got = started(store, idempotency_key="to-forget")
+    job_id = got.lease.job_id
+    store.flush(got.lease, expected_revision=1, delta="secret text", tokens=2)
+    with pytest.raises(InvalidTransition):
+        store.purge(job_id)  # a worker holds it
+    store.finish(got.lease, state="done", ledger={"kind": "fresh"})
+    other = store.create(spec(idempotency_key="kept")).id
+    assert store.purge(job_id) == 4  # job, text, events, ledger
+    assert sorted(store.redis.scan_iter("*")) == sorted(
+        [keys.job(other).encode(), keys.QUEUED.encode(), keys.idempotency("kept").encode()]
+    )
+    with pytest.raises(JobNotFound):
+        store.purge(job_id)
+    # The idempotency key is free again: a new job, not the purged one.
+    assert store.create(spec(idempotency_key="to-forget")).id != job_id

@@ -26,6 +26,7 @@ NAMES = (
     "requeue",
     "drop",
     "fail",
+    "purge",
 )
 
 

@@ -31,6 +31,10 @@ class RedisServer:
 
     ``appendonly`` turns on AOF with ``appendfsync always`` so a restart keeps every
     acknowledged write; ``restart()`` stops and starts it on the same port and directory.
+    ``password`` alone sets ``requirepass``; with ``username`` it creates that ACL user and
+    turns the default user off. ``tls`` serves TLS only, with a self-signed certificate
+    made in the server's directory (``openssl`` must be installed); ``url`` is then a
+    ``rediss://`` URL that trusts it.
     """
 
     def __init__(
@@ -40,6 +44,8 @@ class RedisServer:
         directory: Path | None = None,
         appendonly: bool = False,
         password: str | None = None,
+        username: str | None = None,
+        tls: bool = False,
         binary: str = "redis-server",
         start_timeout_s: float = 10.0,
     ) -> None:
@@ -54,13 +60,35 @@ class RedisServer:
         self.directory = directory or Path(tempfile.mkdtemp(prefix="resumeq-redis-"))
         self.appendonly = appendonly
         self.password = password
+        self.username = username
+        self.tls = tls
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
+        auth = f"{self.username or ''}:{self.password}@" if self.password else ""
+        if self.tls:
+            return f"rediss://{auth}127.0.0.1:{self.port}/0?ssl_ca_certs={self._cert}"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def _cert(self) -> Path:
+        return self.directory / "tls-cert.pem"
+
+    def _make_certificate(self) -> None:
+        if self._cert.exists():
+            return
+        subprocess.run(
+            [
+                "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                "-keyout", str(self.directory / "tls-key.pem"), "-out", str(self._cert),
+                "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )  # fmt: skip
 
     def _args(self) -> list[str]:
         args = [
@@ -82,8 +110,18 @@ class RedisServer:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
         else:
             args += ["--appendonly", "no"]
-        if self.password:
+        if self.password and self.username:
+            args += ["--user", "default", "off"]
+            args += ["--user", self.username, "on", f">{self.password}", "~*", "&*", "+@all"]
+        elif self.password:
             args += ["--requirepass", self.password]
+        if self.tls:
+            self._make_certificate()
+            key = str(self.directory / "tls-key.pem")
+            args[args.index("--port") + 1] = "0"
+            args += ["--tls-port", str(self.port), "--tls-cert-file", str(self._cert)]
+            args += ["--tls-key-file", key, "--tls-ca-cert-file", str(self._cert)]
+            args += ["--tls-auth-clients", "no"]
         return args
 
     def start(self) -> RedisServer:

@@ -17,7 +17,7 @@ into resumeq, and never leak past that boundary::
     │   │   ├── Truncated               the stream ended without a finish reason
     │   │   ├── MalformedChunk          a chunk that is not what the wire format says
     │   │   ├── InBandError             an error event behind HTTP 200
-    │   │   └── Stalled                 no bytes for stall_timeout_s
+    │   │   └── Stalled                 no bytes, or no content, for stall_timeout_s
     │   └── FatalProviderError      400/401/403/404/422 and other 4xx: never retried
     └── StoreError                  the job store refused or failed an operation
         ├── RedisUnavailable        Redis could not be reached (connection, timeout)

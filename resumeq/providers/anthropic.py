@@ -30,6 +30,8 @@ from resumeq.providers.base import (
 
 API_VERSION = "2023-06-01"
 _CACHE = {"type": "ephemeral"}
+#: Deltas that are output but not text (thinking, tool input): progress, not a stall.
+_OTHER_PROGRESS = ("thinking_delta", "input_json_delta", "signature_delta", "citations_delta")
 
 
 def _int(value: Any) -> int | None:
@@ -44,17 +46,21 @@ class AnthropicStream(ProviderStream):
         self.in_non_text_block = False
 
     def _on_event(self, sse: ServerSentEvent) -> Iterator[StreamEvent]:
-        if sse.event == "ping":
-            return
-        data = json_object(sse)
-        if sse.event == "error" or data.get("type") == "error":
+        if sse.event == "error":
             message, err_type = error_details(sse.data)
             raise InBandError(
                 f"in-band error: {message}", error_type=err_type, body=sse.data[:4096]
             )
         handler = self._handlers.get(sse.event)
-        if handler is not None:
-            yield from handler(data)
+        if handler is None:
+            return  # ``ping``, and event types added after this client: ignored
+        data = json_object(sse)
+        if data.get("type") == "error":
+            message, err_type = error_details(sse.data)
+            raise InBandError(
+                f"in-band error: {message}", error_type=err_type, body=sse.data[:4096]
+            )
+        yield from handler(data)
 
     @property
     def _handlers(self) -> dict[str, Callable[[dict[str, Any]], Iterator[StreamEvent]]]:
@@ -88,6 +94,8 @@ class AnthropicStream(ProviderStream):
                 raise MalformedChunk("text_delta without text")
             if text:
                 yield TextDelta(text, 1, exact=False)
+        elif delta.get("type") in _OTHER_PROGRESS:
+            self._note_progress()
 
     def _block_stop(self, data: dict[str, Any]) -> Iterator[StreamEvent]:
         self.in_non_text_block = False
@@ -95,8 +103,11 @@ class AnthropicStream(ProviderStream):
 
     def _message_delta(self, data: dict[str, Any]) -> Iterator[StreamEvent]:
         delta = data.get("delta")
-        if isinstance(delta, dict) and delta.get("stop_reason"):
-            self.finish_reason = str(delta["stop_reason"])
+        reason = delta.get("stop_reason") if isinstance(delta, dict) else None
+        if reason is not None and not isinstance(reason, str):
+            raise MalformedChunk("stop_reason is not a string")
+        if reason:
+            self.finish_reason = reason
         yield self._usage(data.get("usage"), merge=True)
 
     def _message_stop(self, data: dict[str, Any]) -> Iterator[StreamEvent]:

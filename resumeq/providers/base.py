@@ -8,7 +8,13 @@ known (raising a :class:`~resumeq.errors.RetryableProviderError` or
 :class:`TextDelta` and :class:`Usage` events and raises a
 :class:`~resumeq.errors.StreamCut` subclass when the stream breaks. A stream that ends
 without a finish reason is a cut, never a success; a malformed chunk is a cut, never
-skipped.
+skipped. The body is read by the bounded reader of :mod:`resumeq.providers.sse`.
+
+Two clocks find a stall. httpx's read timeout (``stall_timeout_s``) fires when no byte
+arrives; the stream's own progress deadline fires when bytes keep arriving (keep-alive
+events, comments, a line that trickles in a byte at a time) but no content does for
+``stall_timeout_s``. So a stall is seen at most ``stall_timeout_s`` after the last byte
+and, while bytes trickle in, soon after ``stall_timeout_s`` without progress.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from types import TracebackType
 from typing import Any
 
 import httpx
-from httpx_sse import EventSource, ServerSentEvent, SSEError
+from httpx_sse import ServerSentEvent, SSEError
 
 from resumeq.continuation import RequestPlan
 from resumeq.errors import (
@@ -39,6 +45,7 @@ from resumeq.errors import (
     Stalled,
     Truncated,
 )
+from resumeq.providers.sse import iter_events
 from resumeq.settings import ProviderProfile
 
 #: Error bodies longer than this are cut before they go into an exception.
@@ -116,7 +123,7 @@ def error_details(body: str) -> tuple[str, str | None]:
     (``{"type": "error", "error": {...}}``) error body; the raw text otherwise."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return body.strip()[:300] or "(empty body)", None
     err = data.get("error") if isinstance(data, dict) else None
     if isinstance(err, dict):
@@ -132,7 +139,7 @@ def json_object(sse: ServerSentEvent) -> dict[str, Any]:
     """An SSE event's data as a JSON object, or a :class:`MalformedChunk` cut."""
     try:
         data = json.loads(sse.data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to decode
         raise MalformedChunk(f"chunk is not JSON: {sse.data[:120]!r}") from None
     if not isinstance(data, dict):
         raise MalformedChunk(f"chunk is not a JSON object: {sse.data[:120]!r}")
@@ -150,25 +157,57 @@ class ProviderStream(ABC):
         #: The latest usage the provider reported.
         self.usage = Usage()
         self.closed = False
+        self._deadline = time.monotonic() + stall_timeout_s
 
     def __iter__(self) -> Iterator[StreamEvent]:
+        self._note_progress()
         try:
-            for sse in EventSource(self._response).iter_sse():
-                yield from self._on_event(sse)
-                if self._complete():
-                    return
-        except httpx.ReadTimeout:
+            yield from self._read()
+        except httpx.TimeoutException:
             raise Stalled(f"no bytes for {self._stall_timeout_s:g} s") from None
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.StreamClosed) as exc:
+        except (httpx.DecodingError, SSEError) as exc:
+            raise MalformedChunk(f"not a readable event stream: {exc}") from None
+        except (httpx.HTTPError, httpx.StreamError) as exc:
             if self.closed:
                 return
-            raise Disconnected(f"connection dropped mid-stream: {exc}") from None
-        except SSEError as exc:
-            raise MalformedChunk(f"not an event stream: {exc}") from None
+            raise Disconnected(f"connection dropped mid-stream: {exc!r}") from None
         if self.closed:
             return
         if self.finish_reason is None:
             raise Truncated("the stream ended without a finish reason")
+
+    def _read(self) -> Iterator[StreamEvent]:
+        self._check_content_type()
+        for sse in iter_events(self._chunks()):
+            for event in self._on_event(sse):
+                yield event
+                if self.closed:
+                    return  # closed by the consumer: not one more event
+                if isinstance(event, TextDelta):
+                    self._note_progress()  # after the consumer had its turn
+            if self._complete():
+                return
+
+    def _check_content_type(self) -> None:
+        raw = self._response.headers.get("content-type", "")
+        media_type = raw.partition(";")[0].strip().lower()
+        if media_type != "text/event-stream":
+            raise MalformedChunk(f"not an event stream: content-type {raw[:80]!r}")
+
+    def _chunks(self) -> Iterator[bytes]:
+        """The body's bytes, until the progress deadline passes."""
+        for chunk in self._response.iter_bytes():
+            yield chunk
+            # Checked once the chunk's events are handled, before waiting for more.
+            if time.monotonic() >= self._deadline:
+                raise Stalled(
+                    f"bytes but no content for {self._stall_timeout_s:g} s "
+                    "(keep-alives, comments or an endless line)"
+                )
+
+    def _note_progress(self) -> None:
+        """The provider produced content: the progress deadline starts again."""
+        self._deadline = time.monotonic() + self._stall_timeout_s
 
     @abstractmethod
     def _on_event(self, sse: ServerSentEvent) -> Iterator[StreamEvent]:
@@ -228,7 +267,12 @@ class ProviderClient(ABC):
             "POST",
             f"{self.profile.base_url}{self.endpoint}",
             json=self.body(plan),
-            headers={**self.headers(), "Accept": "text/event-stream"},
+            # Identity: a compressed body would let one read inflate past the SSE bounds.
+            headers={
+                **self.headers(),
+                "Accept": "text/event-stream",
+                "Accept-Encoding": "identity",
+            },
             timeout=self.timeout,
         )
 

@@ -29,6 +29,9 @@ from resumeq.providers.base import (
     json_object,
 )
 
+#: Delta fields that are output but not text (reasoning, tool calls): progress, not a stall.
+_OTHER_PROGRESS = ("reasoning_content", "reasoning", "tool_calls", "function_call", "refusal")
+
 
 def usage_of(raw: Any) -> Usage | None:
     if not isinstance(raw, dict):
@@ -78,17 +81,28 @@ class OpenAIStream(ProviderStream):
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
-            content = delta.get("content") if isinstance(delta, dict) else 0
+            if not isinstance(delta, dict):
+                raise MalformedChunk(f"delta is not an object: {raw[:120]!r}")
+            content = delta.get("content")
             if content is not None and not isinstance(content, str):
                 raise MalformedChunk(f"delta content is not a string: {raw[:120]!r}")
             text += content or ""
-            if choice.get("finish_reason"):
-                self.finish_reason = str(choice["finish_reason"])
+            if any(delta.get(key) for key in _OTHER_PROGRESS):
+                self._note_progress()
+            reason = choice.get("finish_reason")
+            if reason is not None and not isinstance(reason, str):
+                raise MalformedChunk(f"finish_reason is not a string: {raw[:120]!r}")
+            if reason:
+                self.finish_reason = reason
         return text
 
     def _delta(self, text: str, usage: Usage | None) -> TextDelta:
         if usage is not None and usage.output_tokens is not None:
             # Continuous usage (vLLM): the cumulative count includes this chunk.
+            if usage.output_tokens < self._counted:
+                raise MalformedChunk(
+                    f"cumulative completion_tokens went down to {usage.output_tokens}"
+                )
             tokens = usage.output_tokens - self._counted
             self._counted = usage.output_tokens
             return TextDelta(text, tokens, exact=True)

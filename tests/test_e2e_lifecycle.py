@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_support import World, make_world
+from e2e_support import World, make_world, tokens
 
 from resumeq.fake import FakeProvider
 from resumeq.hooks import enqueue_hooks
@@ -96,3 +96,19 @@ def test_cancel_stops_the_stream(world: World) -> None:
     record = world.store.get(job_id)
     assert record.state.value == "cancelled"
     assert world.canonical(prompt).startswith(world.store.text(job_id))
+
+
+def test_a_worker_pool_on_the_spill_lane_drains_it(world: World) -> None:
+    world.cluster.worker()
+    world.cluster.worker("resumeq-spill")
+    world.cluster.janitor()
+    world.fake.completion_tokens = 200
+    world.fake.add_faults([{"kind": "disconnect", "after_tokens": 40}])
+    prompt = "Budget too small to resume."
+    job_id = world.enqueue(prompt, budget_tokens=60)
+    record = world.wait_state(job_id, {"done", "failed"})
+    assert record.state.value == "done" and record.spill_count == 1
+    assert record.queue == "resumeq-spill" and record.finish_reason == "length"
+    text = world.store.text(job_id)
+    assert world.canonical(prompt).startswith(text) and tokens(text) == 60
+    assert [a["outcome"] for a in world.store.ledger(job_id)] == ["spill", "done"]

@@ -29,8 +29,10 @@ def world(
 
 
 def test_sigkill_mid_stream_resumes_on_another_worker(world: World) -> None:
-    world.fake.completion_tokens = 300
-    world.fake.token_delay_ms = 8
+    # Slow enough that the worker reads every token as it comes, even on a busy machine:
+    # what the provider bills beyond the text is then what the last flush interval held.
+    world.fake.completion_tokens = 160
+    world.fake.token_delay_ms = 20
     a = world.cluster.worker()
     prompt = "Explain tides to a child."
     job_id = world.enqueue(prompt)

@@ -22,6 +22,7 @@ import click
 from resumeq import ops
 from resumeq.client import Client
 from resumeq.context import build_context
+from resumeq.demo import render, run_demo
 from resumeq.errors import JobNotFound, ResumeqError
 from resumeq.fake import serve
 from resumeq.janitor import Janitor
@@ -393,6 +394,22 @@ def spill_export(obj: Context) -> None:
         click.echo(json.dumps(ops.status_dict(obj.store, entry["id"]), ensure_ascii=False))
 
 
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+@reports_errors
+def demo(as_json: bool) -> None:
+    """Cut streams on purpose and resume them, on an embedded Redis: no server needed."""
+
+    def progress(message: str) -> None:
+        click.echo(f"... {message}", err=True)
+
+    summary = run_demo(progress=None if as_json else progress)
+    if as_json:
+        _emit(summary)
+    else:
+        click.echo(render(summary))
+
+
 @cli.command("fake-provider")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
@@ -421,4 +438,13 @@ def fake_provider(
 
 
 def main() -> None:
-    cli(prog_name="resumeq")
+    """The console script: a usage error is one line too, with click's exit code (2)."""
+    try:
+        code = cli.main(prog_name="resumeq", standalone_mode=False)
+    except click.ClickException as exc:
+        click.echo(f"resumeq: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("resumeq: aborted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -57,6 +57,8 @@ def test_cancel(redis_server: RedisServer, real_store: Store) -> None:
     [
         (("status", "nosuchjob"), "no job nosuchjob", 3),
         (("status", "bad{id}"), "malformed job id", 1),
+        (("enqueue", "--on-cut", "bogus"), "Invalid value for '--on-cut'", 2),
+        (("nosuchcommand",), "No such command", 2),
     ],
 )
 def test_errors_are_one_line(

@@ -21,6 +21,7 @@ from resumeq.errors import (
     StaleRevision,
 )
 from resumeq.models import Acquired, JobState
+from resumeq.settings import StoreSettings
 from resumeq.store import Store
 
 
@@ -475,3 +476,20 @@ def test_purge_removes_everything_a_job_owns(store: Store) -> None:
         store.purge(job_id)
     # The idempotency key is free again: a new job, not the purged one.
     assert store.create(spec(idempotency_key="to-forget")).id != job_id
+
+
+def test_terminal_jobs_expire_after_the_retention(store: Store) -> None:
+    short = Store(store.redis, settings=StoreSettings(retention_s=1, idempotency_ttl_s=1))
+    got = started(short, idempotency_key="short-lived")
+    short.flush(got.lease, expected_revision=1, delta="gone soon", tokens=1)
+    short.finish(got.lease, state="done", ledger={"kind": "fresh"})
+    running = started(short)  # not terminal: never expires
+    time.sleep(1.3)
+    assert sorted(short.redis.scan_iter("*")) == sorted(
+        [
+            keys.job(running.lease.job_id).encode(),
+            keys.lease(running.lease.job_id).encode(),
+            keys.events(running.lease.job_id).encode(),
+            keys.LEASES.encode(),
+        ]
+    )

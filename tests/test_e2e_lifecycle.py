@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from e2e_support import World, make_world, tokens
 
+from resumeq.client import Client, Delta
 from resumeq.fake import FakeProvider
 from resumeq.hooks import enqueue_hooks
 from resumeq.queueing import hook_rq_id
@@ -112,3 +114,38 @@ def test_a_worker_pool_on_the_spill_lane_drains_it(world: World) -> None:
     text = world.store.text(job_id)
     assert world.canonical(prompt).startswith(text) and tokens(text) == 60
     assert [a["outcome"] for a in world.store.ledger(job_id)] == ["spill", "done"]
+
+
+def test_followers_of_a_job_cut_twice_see_the_canonical_text_once(world: World) -> None:
+    world.fake.completion_tokens = 150
+    world.fake.token_delay_ms = 5
+    world.fake.add_faults(
+        [{"kind": "disconnect", "after_tokens": 30}, {"kind": "truncate", "after_tokens": 40}]
+    )
+    client = Client(world.store.redis)
+    prompt = "Follow this answer through two cuts."
+    job_id = world.enqueue(prompt)  # no worker yet: the first follower starts before
+    seen: dict[str, list[Delta]] = {}
+
+    def follow(name: str) -> None:
+        seen[name] = list(client.follow(job_id, timeout=60))
+
+    before = threading.Thread(target=follow, args=("before",))
+    before.start()
+    world.cluster.worker()
+    world.cluster.janitor()
+    world.wait_spent(job_id, 50)
+    during = threading.Thread(target=follow, args=("during",))
+    during.start()
+    before.join(timeout=60)
+    during.join(timeout=60)
+    follow("after")
+    want = world.canonical(prompt)
+    assert client.get(job_id).state.value == "done"
+    assert len(world.store.ledger(job_id)) == 3  # cut twice
+    for name, deltas in seen.items():
+        assert "".join(d.text for d in deltas) == want, name
+    deltas = seen["after"]
+    for i in (0, len(deltas) // 2, len(deltas) - 1):
+        rest = "".join(d.text for d in client.follow(job_id, after=deltas[i].revision))
+        assert rest == "".join(d.text for d in deltas[i + 1 :])

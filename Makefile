@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest redis-server bench clean
+.PHONY: test demo lint typecheck pytest redis-server bench soak clean
 
 test: lint typecheck pytest
 
@@ -29,6 +29,9 @@ redis-server:
 	  fi; }
 	@redis-server --version
 
+demo: $(STAMP)
+	$(BIN)/resumeq demo
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -39,9 +42,17 @@ typecheck: $(STAMP)
 pytest: $(STAMP) redis-server
 	$(BIN)/pytest
 
+# Reduced sizes (under 5 minutes in all); BENCHMARKS.md has the full-size commands.
 bench: $(STAMP) redis-server
 	$(BIN)/python benchmarks/flush.py
 	$(BIN)/python benchmarks/recovery.py --kills 5
+	$(BIN)/python benchmarks/cost.py --jobs 20 --repeats 1
+	$(BIN)/python benchmarks/overhead.py --tokens 5000 --repeats 3
+	$(BIN)/python benchmarks/throughput.py --jobs 100 --repeats 1
+	$(BIN)/python benchmarks/memory.py --streams 6
+
+soak: $(STAMP) redis-server
+	$(BIN)/python benchmarks/chaos.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

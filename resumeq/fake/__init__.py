@@ -4,7 +4,9 @@ It speaks OpenAI Chat Completions (``/v1/chat/completions``), Anthropic Messages
 (``/v1/messages``, ``/v1/messages/count_tokens``) and vLLM's ``/tokenize``. Its completion is a
 deterministic function of the system text and the last original user message, so a
 continuation from a stored prefix yields exactly the rest of the canonical text. Faults are
-queued through ``/_fake/faults``; every request is journalled at ``/_fake/requests``.
+queued through ``/_fake/faults`` or drawn at random from a seeded plan (chaos, set through
+``/_fake/config`` or :meth:`FakeProvider.chaos`); every request is journalled at
+``/_fake/requests``.
 """
 
 from resumeq.continuation import PARTIAL_CLOSE, PARTIAL_OPEN

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from resumeq.fake.chaos import Chaos, ChaosConfig
 from resumeq.fake.conversation import InvalidRequest, conversation_of
 from resumeq.fake.plan import canonical
 from resumeq.fake.state import FakeState
@@ -19,6 +20,9 @@ def configure(state: FakeState, body: Mapping[str, Any]) -> None:
         if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
             raise InvalidRequest("token_delay_ms: expected a number of at least 0")
         state.token_delay_ms = float(delay)
+    if "chaos" in body:
+        chaos = body["chaos"]
+        state.chaos = None if chaos is None else Chaos(ChaosConfig.model_validate(chaos))
 
 
 def canonical_of(state: FakeState, body: Any) -> dict[str, Any]:

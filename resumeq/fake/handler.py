@@ -188,8 +188,11 @@ class FakeHandler(BaseHTTPRequestHandler):
             self._send_error_reply(wire.error(400, exc.message, exc.param), exchange)
             return
         exchange.continuation = completion.journal()
-        fault = state.faults.take()
-        exchange.fault = fault.model_dump() if fault is not None else None
+        fault, source = state.faults.take(), "queue"
+        chaos = state.chaos
+        if fault is None and chaos is not None:
+            fault, source = chaos.draw(request.conversation.seed(), len(completion.pieces)), "chaos"
+        exchange.fault = {**fault.model_dump(), "source": source} if fault is not None else None
         if fault is not None and fault.kind == "status":
             exchange.outcome = "status"
             reply = wire.error(fault.status, fault.message)
@@ -263,10 +266,13 @@ class FakeHandler(BaseHTTPRequestHandler):
     # -- admin -----------------------------------------------------------------------------
 
     def _config(self) -> dict[str, Any]:
-        return {
+        config: dict[str, Any] = {
             "completion_tokens": self.state.completion_tokens,
             "token_delay_ms": self.state.token_delay_ms,
         }
+        if self.state.chaos is not None:  # the key appears only while chaos is on
+            config["chaos"] = self.state.chaos.describe()
+        return config
 
     def _admin(self, route: str, body: Any) -> None:
         state = self.state

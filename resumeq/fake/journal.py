@@ -7,7 +7,8 @@ and updated while it streams, so a stalled stream shows what it sent so far.
 request cut by a fault it counts the tokens generated before the fault. ``input_tokens_billed``
 is the whole prompt, cached part included (OpenAI ``prompt_tokens``; Anthropic
 ``input_tokens + cache_read_input_tokens + cache_creation_input_tokens``); counting endpoints
-and refused requests bill nothing.
+and refused requests bill nothing. ``fault`` is the fault applied, with its ``source``:
+``queue`` (``/_fake/faults``) or ``chaos`` (the seeded random plan).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any, Self
 
+from resumeq.fake.chaos import Chaos, ChaosConfig
 from resumeq.fake.conversation import conversation_of
 from resumeq.fake.faults import Fault
 from resumeq.fake.handler import FakeHTTPServer
@@ -118,8 +119,24 @@ class FakeProvider:
     def add_faults(self, faults: Iterable[Fault | Mapping[str, Any]]) -> list[Fault]:
         return self.state.faults.add(faults)
 
+    def chaos(
+        self,
+        probability: float,
+        kinds: Sequence[str] = ("disconnect",),
+        seed: int = 0,
+        **options: Any,
+    ) -> Self:
+        """Cut each generation request with ``probability``, at a uniformly random token
+        (:mod:`resumeq.fake.chaos`); ``probability=0`` turns it off. Options: ``scope``
+        (``"global"`` or ``"conversation"``), ``status``, ``retry_after``, ``seconds``."""
+        config = ChaosConfig.model_validate(
+            {"probability": probability, "kinds": list(kinds), "seed": seed, **options}
+        )
+        self.state.chaos = Chaos(config) if probability > 0 else None
+        return self
+
     def reset(self) -> None:
-        """Clear faults, journal and prompt cache."""
+        """Clear faults, chaos, journal and prompt cache."""
         self.state.reset()
 
     def journal(self) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from resumeq.fake.chaos import Chaos
 from resumeq.fake.faults import FaultQueue
 from resumeq.fake.journal import Journal
 from resumeq.fake.prompt import PromptCache
@@ -18,9 +19,13 @@ class FakeState:
     journal: Journal = field(default_factory=Journal)
     cache: PromptCache = field(default_factory=PromptCache)
     stopped: threading.Event = field(default_factory=threading.Event)
+    #: Seeded random faults, applied when no queued fault is pending.
+    chaos: Chaos | None = None
 
     def reset(self) -> None:
-        """Clear faults, journal and prompt cache (the configuration stays)."""
+        """Clear faults, chaos, journal and prompt cache (the rest of the configuration
+        stays)."""
         self.faults.clear()
+        self.chaos = None
         self.journal.clear()
         self.cache.clear()

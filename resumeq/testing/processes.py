@@ -148,8 +148,12 @@ class Cluster:
         for proc in self.procs:
             proc.stop()
 
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.log_path.name}\n{p.output()[-3000:]}" for p in self.procs)
+    def logs(self, tail: int | None = 3000) -> str:
+        """Every process's log (the last ``tail`` characters of each; None: all of it)."""
+        return "\n".join(
+            f"--- {p.log_path.name}\n{p.output()[-tail:] if tail else p.output()}"
+            for p in self.procs
+        )
 
 
 def wait_for(predicate: Any, *, timeout_s: float, interval_s: float = 0.05, what: str = "") -> Any:

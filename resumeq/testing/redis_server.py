@@ -58,6 +58,7 @@ class RedisServer:
         self.port = port or free_port()
         self._own_dir = directory is None
         self.directory = directory or Path(tempfile.mkdtemp(prefix="resumeq-redis-"))
+        self.directory.mkdir(parents=True, exist_ok=True)
         self.appendonly = appendonly
         self.password = password
         self.username = username

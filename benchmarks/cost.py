@@ -1,0 +1,279 @@
+"""Cost against a naive replay: billed tokens, money and wall time, resumeq against a plain RQ
+job with ``Retry(max=5)`` that re-sends the whole request when its stream is cut.
+
+Both sides run the same jobs (``--jobs``, each with a ``--tokens``-token canonical answer and
+a budget of ``--budget``) under the same seeded fault plan: the fake provider's chaos mode
+cuts each request with ``--probability`` at a uniformly random token of what it would send,
+with one RNG per conversation, so attempt n of job i meets the same draw on both sides.
+Tokens are counted from the fake provider's journal (what a provider would bill), never from
+resumeq's ledger. Side A is resumeq (flush every 32 tokens / 250 ms, ``max_attempts`` = 6 =
+the baseline's tries); side B the baseline users have today (the same provider client, one
+replay per cut). Two scenarios: a short prompt, and a ``--system-tokens`` system prompt (its
+own per job) where resumeq also runs with ``resume_context = "tail:N"``. Sides alternate
+order between repeats (seed + repeat); medians over repeats. Prints one JSON object.
+
+    python benchmarks/cost.py [--jobs N] [--tokens N] [--budget N] [--probability P]
+        [--workers N] [--repeats N] [--seed S] [--system-tokens N] [--tail N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _harness import (
+    baseline_worker,
+    ended_rq_jobs,
+    enqueue_naive,
+    journal_totals,
+    median,
+    money,
+    wait_until,
+)
+
+from resumeq import keys
+from resumeq.fake import VOCABULARY, FakeProvider, count_tokens
+from resumeq.fake.conversation import conversation_of
+from resumeq.fake.prompt import layout
+from resumeq.producer import enqueue_job
+from resumeq.store import Store
+from resumeq.testing import RedisServer
+from resumeq.testing.processes import Cluster, write_config
+
+RESUMEQ_QUEUE = "resumeq"
+BASELINE_QUEUE = "naive"
+ENDED = {"done", "failed", "abandoned", "spilled", "cancelled", "dropped"}
+
+
+def system_prompt(job: int, tokens: int) -> str:
+    """A system prompt of exactly ``tokens`` fake tokens, its own for each job (the first
+    tokens differ), so the prompt cache helps only across one job's own attempts."""
+    text = f"House rules for job {job}."
+    words = [" " + VOCABULARY[(job * 7919 + k * 31) % len(VOCABULARY)] for k in range(tokens)]
+    return text + "".join(words[: tokens - count_tokens(text)])
+
+
+def job_specs(args: argparse.Namespace, *, long_prompt: bool) -> list[dict[str, Any]]:
+    specs = []
+    for i in range(args.jobs):
+        messages = [{"role": "user", "content": f"Job {i}: describe a harbour at dawn."}]
+        if long_prompt:
+            messages.insert(0, {"role": "system", "content": system_prompt(i, args.system_tokens)})
+        specs.append(
+            {
+                "messages": messages,
+                "provider": "fake",
+                "model": "fake-model",
+                "budget_tokens": args.budget,
+                "exit": {"max_attempts": args.retries + 1},
+            }
+        )
+    return specs
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, store: Store, fake: FakeProvider) -> None:
+        self.args = args
+        self.store = store
+        self.redis = store.redis
+        self.fake = fake
+
+    def _arm(self, seed: int) -> None:
+        self.fake.reset()
+        self.fake.chaos(self.args.probability, ["disconnect"], seed=seed, scope="conversation")
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.args.timeout_s
+
+    def run_resumeq(self, specs: list[dict[str, Any]], seed: int, profile: str) -> dict[str, Any]:
+        self._arm(seed)
+        started = time.monotonic()
+        ids = [enqueue_job(self.store, self.redis, {**s, "provider": profile}).id for s in specs]
+        states: list[str] = []
+
+        def ended() -> bool:
+            nonlocal states
+            with self.redis.pipeline(transaction=False) as pipe:
+                for job_id in ids:
+                    pipe.hget(keys.job(job_id), "state")
+                states = [s.decode() for s in pipe.execute()]
+            return all(s in ENDED for s in states)
+
+        wait_until(ended, deadline=self._deadline(), interval_s=0.1, what="resumeq jobs")
+        wall = time.monotonic() - started
+        text_ok = sum(
+            1
+            for job_id, spec, state in zip(ids, specs, states, strict=True)
+            if state == "done"
+            and self.store.text(job_id) == self.fake.canonical_text(spec["messages"])
+        )
+        return self._summary(wall, done=states.count("done"), text_ok=text_ok)
+
+    def run_baseline(self, specs: list[dict[str, Any]], seed: int) -> dict[str, Any]:
+        self._arm(seed)
+        before = ended_rq_jobs(self.redis, BASELINE_QUEUE)
+        started = time.monotonic()
+        for spec in specs:
+            enqueue_naive(self.redis, spec, queue=BASELINE_QUEUE, retries=self.args.retries)
+        wait_until(
+            lambda: ended_rq_jobs(self.redis, BASELINE_QUEUE) - before >= len(specs),
+            deadline=self._deadline(),
+            interval_s=0.1,
+            what="baseline jobs",
+        )
+        wall = time.monotonic() - started
+        finished = sum(1 for e in self.fake.journal() if e["outcome"] == "finished")
+        return self._summary(wall, done=finished, text_ok=None)
+
+    def _summary(self, wall: float, *, done: int, text_ok: int | None) -> dict[str, Any]:
+        t = journal_totals(self.fake.journal())
+        needed = self.args.jobs * self.args.tokens
+        out: dict[str, Any] = {
+            "wall_s": round(wall, 2),
+            "jobs_done": done,
+            "requests": t["requests"],
+            "requests_cut": t["cut"],
+            "output_billed": t["output"],
+            "output_needed": needed,
+            "output_ratio": round(t["output"] / needed, 4),
+            "input_billed": t["input"],
+            "cached_input_billed": t["cached_input"],
+            "money_usd": round(money(t["input"], t["cached_input"], t["output"]), 4),
+        }
+        if text_ok is not None:
+            out["text_exact"] = text_ok
+        return out
+
+
+def scenario(
+    bench: Bench, specs: list[dict[str, Any]], sides: list[str], repeats: int, seed: int
+) -> dict[str, Any]:
+    runs: list[dict[str, dict[str, Any]]] = []
+    for r in range(repeats):
+        order = sides if r % 2 == 0 else sides[::-1]
+        run: dict[str, dict[str, Any]] = {}
+        for side in order:
+            if side == "baseline":
+                run[side] = bench.run_baseline(specs, seed + r)
+            else:
+                profile = "fake-tail" if side.endswith("tail") else "fake"
+                run[side] = bench.run_resumeq(specs, seed + r, profile)
+        runs.append(run)
+    # The input of the same jobs with no cut at all (one request each), for the input side.
+    first_input = sum(len(layout(conversation_of(s["messages"]))) for s in specs)
+    summary: dict[str, Any] = {}
+    for side in sides:
+        keys_ = runs[0][side].keys()
+        summary[side] = {k: median(run[side][k] for run in runs) for k in keys_}
+        summary[side]["input_ratio"] = round(summary[side]["input_billed"] / first_input, 3)
+    for side in sides:
+        if side != "baseline":
+            summary[f"{side}_vs_baseline_output"] = median(
+                run[side]["output_billed"] / run["baseline"]["output_billed"] for run in runs
+            )
+            summary[f"{side}_vs_baseline_money"] = median(
+                run[side]["money_usd"] / run["baseline"]["money_usd"] for run in runs
+            )
+            summary[f"{side}_vs_baseline_wall"] = median(
+                run[side]["wall_s"] / run["baseline"]["wall_s"] for run in runs
+            )
+    summary["input_tokens_per_uncut_job"] = round(first_input / len(specs), 1)
+    summary["runs"] = runs
+    return summary
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=100)
+    parser.add_argument("--tokens", type=int, default=600, help="canonical answer length")
+    parser.add_argument("--budget", type=int, default=800)
+    parser.add_argument("--probability", type=float, default=0.5)
+    parser.add_argument("--retries", type=int, default=5, help="the baseline's Retry(max=N)")
+    parser.add_argument("--workers", type=int, default=4, help="per side")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--system-tokens", type=int, default=4000)
+    parser.add_argument("--tail", type=int, default=256)
+    parser.add_argument("--timeout-s", type=float, default=300.0, help="per side and run")
+    args = parser.parse_args(argv)
+    if args.jobs < 1 or args.tokens < 1 or args.budget < args.tokens or args.repeats < 1:
+        parser.error("need --jobs, --tokens, --repeats >= 1 and --budget >= --tokens")
+    with (
+        tempfile.TemporaryDirectory(prefix="resumeq-cost-") as tmp,
+        RedisServer() as server,
+        FakeProvider(completion_tokens=args.tokens) as fake,
+    ):
+        profile = {
+            "kind": "openai",
+            "base_url": fake.openai_base_url,
+            "continue_mode": "instruction",
+            "counting": "usage",
+        }
+        config = write_config(
+            Path(tmp) / "resumeq.toml",
+            {
+                "providers": {
+                    "fake": profile,
+                    "fake-tail": {**profile, "resume_context": f"tail:{args.tail}"},
+                },
+                "worker": {"flush_tokens": 32, "flush_ms": 250},
+            },
+        )
+        cluster = Cluster(Path(tmp), redis_url=server.url, config=config)
+        store = Store.from_url(server.url)
+        bench = Bench(args, store, fake)
+        try:
+            for _ in range(args.workers):
+                cluster.worker(RESUMEQ_QUEUE)
+                baseline_worker(cluster, BASELINE_QUEUE)
+            short = scenario(
+                bench,
+                job_specs(args, long_prompt=False),
+                ["resumeq", "baseline"],
+                args.repeats,
+                args.seed,
+            )
+            long = scenario(
+                bench,
+                job_specs(args, long_prompt=True),
+                ["resumeq", "resumeq_tail", "baseline"],
+                args.repeats,
+                args.seed,
+            )
+        except TimeoutError:
+            print(cluster.logs(), file=sys.stderr)
+            raise
+        finally:
+            cluster.stop()
+    ours, theirs = short["resumeq"]["output_ratio"], short["baseline"]["output_ratio"]
+    result = {
+        "jobs": args.jobs,
+        "output_tokens_per_job": args.tokens,
+        "budget_tokens": args.budget,
+        "cut_probability": args.probability,
+        "seed": args.seed,
+        "repeats": args.repeats,
+        "workers_per_side": args.workers,
+        "baseline_retry_max": args.retries,
+        "resumeq_max_attempts": args.retries + 1,
+        "prices_per_million": {"input": 3.0, "cached_input": 0.3, "output": 15.0},
+        "resumeq_output_ratio": ours,
+        "baseline_output_ratio": theirs,
+        "resumeq_vs_baseline_output": short["resumeq_vs_baseline_output"],
+        "target_resumeq_output_ratio_max": 1.03,
+        "target_vs_baseline_max": 0.75,
+        "target_met": ours <= 1.03 and short["resumeq_vs_baseline_output"] <= 0.75,
+        "short_prompt": short,
+        "long_prompt": {"system_tokens": args.system_tokens, "tail": args.tail, **long},
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

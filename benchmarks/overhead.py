@@ -1,0 +1,185 @@
+"""Checkpoint overhead: tokens/s of one worker streaming a long completion at full speed, with
+checkpointing (32 tokens / 250 ms) against the same attempt with checkpointing off.
+
+Real parts: a redis-server, resumeq worker processes (forking RQ workers), the fake provider
+over HTTP with no delay between tokens. Sides, each its own worker on its own queue, run one
+at a time, in rotating order, ``--repeats`` times:
+
+- ``default``: resumeq's worker, flush every 32 tokens or 250 ms;
+- ``off``: the same worker code with thresholds no stream reaches (one flush, at the end);
+- ``every_token``: flush every token (the price of per-token durability);
+- ``bare``: a plain RQ job streaming with the same provider client, storing nothing.
+
+A resumeq attempt's time is what its ledger records (acquire to the last flush, in the work
+horse); the bare job times itself the same way. ``throughput_ratio`` is the median over
+repeats of default ÷ off measured within the same repeat. Prints one JSON object.
+
+    python benchmarks/overhead.py [--tokens N] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _harness import baseline_worker, ended_rq_jobs, enqueue_naive, median, wait_until
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from resumeq import keys
+from resumeq.fake import FakeProvider
+from resumeq.producer import enqueue_job
+from resumeq.store import Store
+from resumeq.testing import RedisServer
+from resumeq.testing.processes import Cluster, write_config
+
+NEVER = 10**9
+SIDES = {  # name: (flush_tokens, flush_ms), or None for the bare RQ job
+    "default": (32, 250),
+    "off": (NEVER, NEVER),
+    "every_token": (1, 250),
+    "bare": None,
+}
+
+
+def spec(tokens: int) -> dict[str, Any]:
+    return {
+        "prompt": "Overhead benchmark: one long answer.",
+        "provider": "fake",
+        "model": "fake-model",
+        "budget_tokens": tokens + 1000,
+    }
+
+
+def run_resumeq(store: Store, queue: str, tokens: int, timeout_s: float) -> dict[str, float]:
+    started = time.monotonic()
+    job_id = enqueue_job(store, store.redis, spec(tokens), queue=queue).id
+
+    def done() -> bool:
+        state = store.redis.hget(keys.job(job_id), "state")
+        return state is not None and state.decode() in ("done", "failed", "spilled")
+
+    wait_until(done, deadline=started + timeout_s, interval_s=0.02, what=f"job on {queue}")
+    end_to_end = time.monotonic() - started
+    record = store.get(job_id)
+    (attempt,) = store.ledger(job_id)
+    if record.state.value != "done" or record.spent_output_tokens != tokens:
+        raise RuntimeError(f"{queue}: job ended {record.state.value}, {record.reason}")
+    seconds = (attempt["ended_ms"] - attempt["started_ms"]) / 1000
+    return {"seconds": seconds, "end_to_end_s": end_to_end}
+
+
+def run_bare(store: Store, tokens: int, timeout_s: float) -> dict[str, float]:
+    before = ended_rq_jobs(store.redis, "bare")
+    started = time.monotonic()
+    rq_id = enqueue_naive(store.redis, spec(tokens), queue="bare", retries=0)
+    wait_until(
+        lambda: ended_rq_jobs(store.redis, "bare") > before,
+        deadline=started + timeout_s,
+        interval_s=0.02,
+        what="the bare job",
+    )
+    end_to_end = time.monotonic() - started
+    job = Job.fetch(rq_id, connection=store.redis, serializer=JSONSerializer)
+    result = job.return_value()
+    if not isinstance(result, dict) or result["tokens"] != tokens:
+        raise RuntimeError(f"bare job did not finish: {job.get_status()}")
+    return {"seconds": result["ended"] - result["started"], "end_to_end_s": end_to_end}
+
+
+def start_workers(clusters: list[Cluster], tmp: Path, redis_url: str, base_url: str) -> None:
+    """One worker per side, each with its own config and queue (appended to ``clusters``)."""
+    profile = {"kind": "openai", "base_url": base_url, "counting": "chunks"}
+    for side, flush in SIDES.items():
+        directory = tmp / side
+        directory.mkdir()
+        worker = {"flush_tokens": flush[0], "flush_ms": flush[1]} if flush else {}
+        config = write_config(
+            directory / "resumeq.toml", {"providers": {"fake": profile}, "worker": worker}
+        )
+        cluster = Cluster(directory, redis_url=redis_url, config=config)
+        clusters.append(cluster)
+        if flush is None:
+            baseline_worker(cluster, "bare")
+        else:
+            cluster.worker(side)
+
+
+def run_rounds(store: Store, args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
+    """Every side once per round, in rotating order; round -1 warms up (imports, the
+    canonical text) and is not kept."""
+    samples: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
+    names = list(SIDES)
+    for r in range(-1, args.repeats):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for side in order:
+            if side == "bare":
+                sample = run_bare(store, args.tokens, args.timeout_s)
+            else:
+                sample = run_resumeq(store, side, args.tokens, args.timeout_s)
+            if r >= 0:
+                samples[side].append(sample)
+    return samples
+
+
+def summary(args: argparse.Namespace, samples: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    def rate(side: str, i: int) -> float:
+        return float(args.tokens / samples[side][i]["seconds"])
+
+    rounds = range(args.repeats)
+    result: dict[str, Any] = {
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "throughput_ratio": median(rate("default", i) / rate("off", i) for i in rounds),
+        "target_throughput_ratio_min": 0.90,
+        "every_token_ratio": median(rate("every_token", i) / rate("off", i) for i in rounds),
+        "default_vs_bare_ratio": median(rate("default", i) / rate("bare", i) for i in rounds),
+        "off_vs_bare_ratio": median(rate("off", i) / rate("bare", i) for i in rounds),
+    }
+    result["target_met"] = result["throughput_ratio"] >= 0.90
+    for side in SIDES:
+        result[f"{side}_tokens_per_s"] = round(median(rate(side, i) for i in rounds), 1)
+        result[f"{side}_end_to_end_s"] = median(s["end_to_end_s"] for s in samples[side])
+    result["flushes_default"] = -(-args.tokens // 32)
+    result["flushes_every_token"] = args.tokens
+    result["samples_tokens_per_s"] = {
+        side: [round(rate(side, i)) for i in rounds] for side in SIDES
+    }
+    return result
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=20_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="per stream")
+    args = parser.parse_args(argv)
+    if args.tokens < 100 or args.repeats < 1:
+        parser.error("need --tokens >= 100 and --repeats >= 1")
+    with (
+        tempfile.TemporaryDirectory(prefix="resumeq-overhead-") as tmp,
+        RedisServer() as server,
+        FakeProvider(completion_tokens=args.tokens) as fake,
+    ):
+        clusters: list[Cluster] = []
+        try:
+            start_workers(clusters, Path(tmp), server.url, fake.openai_base_url)
+            samples = run_rounds(Store.from_url(server.url), args)
+        except (TimeoutError, RuntimeError):
+            for cluster in clusters:
+                print(cluster.logs(), file=sys.stderr)
+            raise
+        finally:
+            for cluster in clusters:
+                cluster.stop()
+    print(json.dumps(summary(args, samples)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

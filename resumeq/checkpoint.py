@@ -57,6 +57,7 @@ class Checkpointer:
         #: This attempt's output tokens flushed so far, and the characters persisted.
         self.flushed_tokens = 0
         self.flushed_chars = 0
+        self.flushed_bytes = 0
         self.flushes = 0
         #: Whether every count of this attempt so far is exact.
         self.exact = True
@@ -142,6 +143,7 @@ class Checkpointer:
         self.revision = revision
         self.flushed_tokens += batch.tokens
         self.flushed_chars += sum(len(t) for t in written)
+        self.flushed_bytes += sum(len(t.encode("utf-8")) for t in written)
         self.flushes += 1
         self.exact = batch.exact
         self._last_flush = self.lease_confirmed = self._clock()

@@ -22,7 +22,7 @@ from typing import Any
 import fakeredis
 
 from resumeq.client import Client
-from resumeq.fake import FakeProvider
+from resumeq.fake import FakeProvider, count_tokens
 from resumeq.testing import free_port
 from resumeq.testing.processes import Cluster, Proc, descendants, wait_for, write_config
 
@@ -109,8 +109,8 @@ def _report(client: Client, fake: FakeProvider, job: DemoJob, job_id: str) -> Jo
         for r in fake.journal()
         if any(job.prompt in str(m.get("content")) for m in r["body"].get("messages", []))
     ]
-    canonical = fake.canonical_tokens([{"role": "user", "content": job.prompt}])
-    needed = min(job.budget, len(canonical))
+    # What the answer as delivered needed: its own tokens (the fake's tokenizer is exact).
+    needed = count_tokens(view.text)
     billed = sum(r["output_tokens_billed"] for r in requests)
     paid = [r for r in requests if r["input_tokens_billed"] > 0]
     fresh_input = paid[0]["input_tokens_billed"] if paid else 0
@@ -131,18 +131,20 @@ def _report(client: Client, fake: FakeProvider, job: DemoJob, job_id: str) -> Jo
     )
 
 
-def marked_text(client: Client, job_id: str) -> str:
-    """The job's text with a marker where each continuation was spliced on."""
+def marked_text(client: Client, job_id: str, context: int = 160) -> str:
+    """The job's text around each place a continuation was spliced on, marked."""
     text = client.get(job_id).text
-    out, at = [], 0
-    for n, attempt in enumerate(client.store.ledger(job_id), start=1):
-        chars = attempt.get("chars_persisted", 0)
-        if n > 1:
-            out.append(f"⟦{attempt['kind']} #{n}⟧")
-        out.append(text[at : at + chars])
-        at += chars
-    out.append(text[at:])
-    return "".join(out)
+    raw = text.encode("utf-8")
+    pieces, at = [], 0
+    ledger = client.store.ledger(job_id)
+    for n, attempt in enumerate(ledger, start=1):
+        end = at + attempt.get("bytes_persisted", 0)
+        if n < len(ledger):
+            before = raw[:end].decode("utf-8", errors="ignore")[-context:]
+            after = raw[end:].decode("utf-8", errors="ignore")[:context]
+            pieces.append(f"…{before}⟦{ledger[n]['kind']} #{n + 1}⟧{after}…")
+        at = end
+    return "\n".join(pieces) or text[: 2 * context]
 
 
 def run_demo(*, progress: Any = None, timeout_s: float = 60.0) -> dict[str, Any]:

@@ -122,11 +122,12 @@ class Janitor:
         if result.acquired is None:
             return None
         lease, record = result.acquired.lease, result.acquired.record
+        text_bytes = self.store.text_bytes(job_id)
         view = JobView(
             budget_tokens=record.budget_tokens,
             floor_tokens=record.floor_tokens,
             spent_output_tokens=record.spent_output_tokens,
-            prefix_chars=self.store.text_bytes(job_id),
+            prefix_chars=text_bytes,
             attempts=record.attempt,
             spill_count=record.spill_count,
             counts_exact=record.counts_exact,
@@ -148,6 +149,7 @@ class Janitor:
             provider=record.spec.provider,
             prefix_tokens=record.attempt_spent_base,
             output_tokens_persisted=record.spent_output_tokens - record.attempt_spent_base,
+            bytes_persisted=text_bytes - record.attempt_text_base,
             count_source="chunks" if not record.counts_exact else "usage",
             counts_exact=record.counts_exact,
         )

@@ -42,6 +42,8 @@ class AttemptRecord(BaseModel):
     #: Output tokens written to the cursor by this attempt.
     output_tokens_persisted: int = 0
     chars_persisted: int = 0
+    #: UTF-8 bytes this attempt added to the stored text: where its splice ends.
+    bytes_persisted: int = 0
     count_source: CountSource = "chunks"
     counts_exact: bool = False
 

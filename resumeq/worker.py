@@ -323,6 +323,7 @@ class AttemptRunner:
             output_tokens=_reported_output(cut, usage, ckpt),
             output_tokens_persisted=ckpt.flushed_tokens if ckpt else 0,
             chars_persisted=ckpt.flushed_chars if ckpt else 0,
+            bytes_persisted=ckpt.flushed_bytes if ckpt else 0,
             count_source=source,
             counts_exact=bool(ckpt and ckpt.exact),
         )

@@ -139,3 +139,13 @@ def test_the_config_endpoint_turns_chaos_on_and_off(fake: FakeProvider, http: ht
     assert "chaos" not in http.post("/_fake/config", json={"chaos": None}).json()
     generate(http, "off again")
     assert fake.journal()[-1]["outcome"] == "finished"
+
+
+def test_a_fault_with_match_waits_for_its_request(fake: FakeProvider) -> None:
+    fake.add_faults([{"kind": "status", "status": 429, "match": "target job"}])
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "other job"}]}
+    with httpx.Client(base_url=fake.openai_base_url, timeout=10) as http:
+        assert http.post("/chat/completions", json=body).status_code == 200
+        body["messages"][0]["content"] = "the target job, at last"
+        assert http.post("/chat/completions", json=body).status_code == 429
+        assert http.post("/chat/completions", json=body).status_code == 200

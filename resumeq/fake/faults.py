@@ -42,6 +42,8 @@ class Fault(BaseModel):
     seconds: float = Field(default=30.0, ge=0)
     times: int = Field(default=1, ge=1)
     message: str | None = None
+    #: Only a request whose messages contain this text takes the fault (others skip it).
+    match: str | None = Field(default=None, min_length=1)
 
 
 @dataclass
@@ -61,15 +63,19 @@ class FaultQueue:
             self._queue.extend(_Queued(fault, fault.times) for fault in parsed)
         return parsed
 
-    def take(self) -> Fault | None:
+    def take(self, text: str = "") -> Fault | None:
+        """The first queued fault for a request whose messages read ``text``: a fault
+        without ``match`` applies to any request, one with it only where it occurs."""
         with self._lock:
-            if not self._queue:
-                return None
-            head = self._queue[0]
-            head.left -= 1
-            if head.left <= 0:
-                self._queue.popleft()
-            return head.fault
+            for queued in self._queue:
+                match = queued.fault.match
+                if match is not None and match not in text:
+                    continue
+                queued.left -= 1
+                if queued.left <= 0:
+                    self._queue.remove(queued)
+                return queued.fault
+            return None
 
     def pending(self) -> list[dict[str, Any]]:
         with self._lock:

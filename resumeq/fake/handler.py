@@ -188,7 +188,8 @@ class FakeHandler(BaseHTTPRequestHandler):
             self._send_error_reply(wire.error(400, exc.message, exc.param), exchange)
             return
         exchange.continuation = completion.journal()
-        fault, source = state.faults.take(), "queue"
+        text = "\n".join(m.text for m in request.conversation.messages)
+        fault, source = state.faults.take(text), "queue"
         chaos = state.chaos
         if fault is None and chaos is not None:
             fault, source = chaos.draw(request.conversation.seed(), len(completion.pieces)), "chaos"

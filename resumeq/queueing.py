@@ -85,14 +85,21 @@ def enqueue_attempt(
 
 
 def attempt_pending(connection: redis.Redis, job_id: str, attempt: int) -> bool:
-    """Whether the RQ job of that attempt exists and has not ended."""
+    """Whether the RQ job of that attempt will still run: it is scheduled, started, or
+    queued *and* on its queue's list. A job RQ calls queued but that is on no list was
+    dequeued by a worker that died before starting it; RQ would find it only much later."""
     try:
         job = Job.fetch(
             attempt_rq_id(job_id, attempt), connection=connection, serializer=JSONSerializer
         )
     except NoSuchJobError:
         return False
-    return job.get_status(refresh=False) not in _ENDED
+    status = job.get_status(refresh=False)
+    if status in _ENDED:
+        return False
+    if status == JobStatus.QUEUED:
+        return rq_queue(job.origin, connection).get_job_position(job.id) is not None
+    return True
 
 
 def fail_dead_attempt(connection: redis.Redis, job_id: str, attempt: int, reason: str) -> bool:
@@ -115,11 +122,15 @@ def fail_dead_attempt(connection: redis.Redis, job_id: str, attempt: int, reason
 
 
 def discard_attempt(connection: redis.Redis, job_id: str, attempt: int) -> None:
-    """Delete an attempt's RQ job (ended, or parked in the spill queue)."""
+    """Delete an attempt's RQ job (ended, lost, or parked in the spill queue)."""
+    rq_id = attempt_rq_id(job_id, attempt)
     try:
-        job = Job.fetch(
-            attempt_rq_id(job_id, attempt), connection=connection, serializer=JSONSerializer
-        )
+        job = Job.fetch(rq_id, connection=connection, serializer=JSONSerializer)
+        job.delete()
     except NoSuchJobError:
         return
-    job.delete()
+    except ValueError as exc:
+        # RQ refuses to delete a job whose execution record is already gone (its worker
+        # died): remove the job's own key, which is all a new enqueue needs.
+        log.info("RQ job %s: %s; deleting its key", rq_id, exc)
+        connection.delete(Job.key_for(rq_id))

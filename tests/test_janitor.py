@@ -11,6 +11,7 @@ from resumeq import keys
 from resumeq.context import build_context
 from resumeq.janitor import Janitor
 from resumeq.models import JobState
+from resumeq.producer import enqueue_job
 from resumeq.queueing import attempt_pending, attempt_rq_id, rq_queue
 from resumeq.settings import ConfigFile, Settings, WorkerSettings
 from resumeq.store import Store
@@ -103,3 +104,16 @@ def test_a_half_deleted_job_leaves_the_indexes(
     monkeypatch.setattr("resumeq.janitor.VANISHED_GRACE_MS", 0)
     janitor.sweep()
     assert store.redis.zscore(keys.QUEUED, job_id) is None
+
+
+def test_an_attempt_dequeued_by_a_dead_worker_is_enqueued_again(
+    janitor: Janitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = janitor.store
+    job_id = enqueue_job(store, store.redis, SPEC).id
+    queue = rq_queue("resumeq", store.redis)
+    assert store.redis.lpop(queue.key) == attempt_rq_id(job_id, 1).encode()  # then it died
+    monkeypatch.setattr("resumeq.janitor.VANISHED_GRACE_MS", 0)
+    assert janitor.sweep().requeued == [job_id]
+    assert queue.get_job_ids() == [attempt_rq_id(job_id, 1)]
+    assert janitor.sweep().requeued == []

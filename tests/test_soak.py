@@ -1,0 +1,28 @@
+"""A short chaos soak in the suite (the long one is ``make soak``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from resumeq.testing.soak import SoakConfig, run_soak
+
+
+@pytest.mark.timeout(180)
+def test_short_chaos_soak_loses_nothing() -> None:
+    result = run_soak(
+        SoakConfig(
+            jobs=24,
+            workers=3,
+            duration_s=12,
+            kill_every_s=3,
+            freeze_every_s=8,
+            settle_timeout_s=120,
+        )
+    )
+    assert result["terminal"] == result["jobs"] == 24, result
+    assert result["lost"] == result["gap"] == result["duplicated_text"] == 0, result
+    assert result["inconsistent_events"] == 0, result
+    assert result["canonical"] == result["done"] == 24, result
+    assert result["over_billed_without_worker_death"] == 0, result
+    assert result["worker_kills"] >= 2 and result["redis_restarts"] == 1, result
+    assert result["faults_injected"] >= 1, result

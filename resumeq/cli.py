@@ -22,9 +22,7 @@ import click
 from resumeq import ops
 from resumeq.client import Client
 from resumeq.context import build_context
-from resumeq.demo import render, run_demo
 from resumeq.errors import JobNotFound, ResumeqError
-from resumeq.fake import serve
 from resumeq.janitor import Janitor
 from resumeq.producer import enqueue_job
 from resumeq.rq_worker import run_worker
@@ -403,6 +401,10 @@ def demo(as_json: bool) -> None:
     def progress(message: str) -> None:
         click.echo(f"... {message}", err=True)
 
+    # Imported here: the demo brings fakeredis and the fake provider, which a worker process
+    # (started through this same command line) must not carry in memory.
+    from resumeq.demo import render, run_demo  # noqa: PLC0415
+
     summary = run_demo(progress=None if as_json else progress)
     if as_json:
         _emit(summary)
@@ -431,6 +433,8 @@ def fake_provider(
     host: str, port: int, completion_tokens: int | None, token_delay_ms: float
 ) -> None:
     """Serve the fake provider (OpenAI and Anthropic wire formats) until interrupted."""
+    from resumeq.fake import serve  # noqa: PLC0415 - kept out of worker processes
+
     try:
         serve(host, port, completion_tokens=completion_tokens, token_delay_ms=token_delay_ms)
     except OSError as exc:

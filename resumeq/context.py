@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import ssl
 from dataclasses import dataclass
 
 import httpx
@@ -33,6 +34,16 @@ class WorkerContext:
 
 
 _CURRENT: WorkerContext | None = None
+#: Built once in a worker's parent process and inherited by every forked attempt: loading
+#: the CA bundle costs about 0.1 s, too much to pay per attempt.
+_SSL_CONTEXT: ssl.SSLContext | None = None
+
+
+def preload() -> None:
+    """Prepare, in a worker's parent process, what each forked attempt would build again."""
+    global _SSL_CONTEXT  # noqa: PLW0603 - one per process tree, by design
+    if _SSL_CONTEXT is None:
+        _SSL_CONTEXT = httpx.create_ssl_context()
 
 
 def worker_name() -> str:
@@ -61,7 +72,7 @@ def build_context(settings: Settings) -> WorkerContext:
         settings=settings,
         store=store,
         redis=client,
-        http=httpx.Client(),
+        http=httpx.Client(verify=_SSL_CONTEXT or True),
         name=worker_name(),
         pid=os.getpid(),
     )

@@ -12,6 +12,8 @@ import redis
 from rq import Worker
 from rq.serializers import JSONSerializer
 
+import resumeq.worker  # noqa: F401 - loaded once here, not in every forked attempt
+from resumeq.context import preload
 from resumeq.hooks import import_hook_modules
 from resumeq.queueing import rq_queue
 from resumeq.settings import Settings
@@ -31,6 +33,7 @@ class ResumeqWorker(Worker):
 def make_worker(settings: Settings, queues: Sequence[str] = ()) -> ResumeqWorker:
     """A forking RQ worker on ``queues`` (default: the configured ones), JSON-serialized."""
     import_hook_modules(settings.file.worker.hook_modules)
+    preload()
     connection = redis.Redis.from_url(settings.redis_url)
     names = queues or settings.file.worker.queues
     return ResumeqWorker(

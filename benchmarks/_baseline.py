@@ -18,6 +18,10 @@ from resumeq.providers import TextDelta, make_client
 from resumeq.settings import load_settings
 from resumeq.spec import JobSpec
 
+#: Loaded once where the worker preloads this module, as resumeq's worker does with its own:
+#: both sides pay for the CA bundle once, not per attempt.
+_SSL_CONTEXT = httpx.create_ssl_context()
+
 
 def naive_attempt(spec: dict[str, Any]) -> dict[str, Any]:
     """One attempt of a naive job: the whole request, streamed to the end or raising.
@@ -31,7 +35,7 @@ def naive_attempt(spec: dict[str, Any]) -> dict[str, Any]:
     plan = plan_request(job, profile, prefix="", remaining_tokens=job.budget_tokens)
     pieces: list[str] = []
     tokens = 0
-    with httpx.Client() as http:
+    with httpx.Client(verify=_SSL_CONTEXT) as http:
         client = make_client(profile, http)
         started = time.time()
         with client.open(plan) as stream:  # a cut raises StreamCut: RQ retries the job

@@ -5,7 +5,8 @@ Real parts: a redis-server, resumeq worker processes (forking RQ workers), the f
 over HTTP with no delay between tokens. Sides, each its own worker on its own queue, run one
 at a time, in rotating order, ``--repeats`` times:
 
-- ``default``: resumeq's worker, flush every 32 tokens or 250 ms;
+- ``default``: resumeq's worker, flush every 32 tokens or 250 ms (a token-count flush no
+  sooner than 20 ms after the last one);
 - ``off``: the same worker code with thresholds no stream reaches (one flush, at the end);
 - ``every_token``: flush every token (the price of per-token durability);
 - ``bare``: a plain RQ job streaming with the same provider client, storing nothing.
@@ -39,10 +40,10 @@ from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, write_config
 
 NEVER = 10**9
-SIDES = {  # name: (flush_tokens, flush_ms), or None for the bare RQ job
-    "default": (32, 250),
-    "off": (NEVER, NEVER),
-    "every_token": (1, 250),
+SIDES = {  # name: (flush_tokens, flush_ms, flush_min_ms), or None for the bare RQ job
+    "default": (32, 250, 20),
+    "off": (NEVER, NEVER, 0),
+    "every_token": (1, 250, 0),
     "bare": None,
 }
 
@@ -71,7 +72,8 @@ def run_resumeq(store: Store, queue: str, tokens: int, timeout_s: float) -> dict
     if record.state.value != "done" or record.spent_output_tokens != tokens:
         raise RuntimeError(f"{queue}: job ended {record.state.value}, {record.reason}")
     seconds = (attempt["ended_ms"] - attempt["started_ms"]) / 1000
-    return {"seconds": seconds, "end_to_end_s": end_to_end}
+    flushes = sum(1 for _, f in store.redis.xrange(keys.events(job_id)) if b"delta" in f)
+    return {"seconds": seconds, "end_to_end_s": end_to_end, "flushes": flushes}
 
 
 def run_bare(store: Store, tokens: int, timeout_s: float) -> dict[str, float]:
@@ -98,7 +100,11 @@ def start_workers(clusters: list[Cluster], tmp: Path, redis_url: str, base_url: 
     for side, flush in SIDES.items():
         directory = tmp / side
         directory.mkdir()
-        worker = {"flush_tokens": flush[0], "flush_ms": flush[1]} if flush else {}
+        worker = (
+            {"flush_tokens": flush[0], "flush_ms": flush[1], "flush_min_ms": flush[2]}
+            if flush
+            else {}
+        )
         config = write_config(
             directory / "resumeq.toml", {"providers": {"fake": profile}, "worker": worker}
         )
@@ -145,8 +151,8 @@ def summary(args: argparse.Namespace, samples: dict[str, list[dict[str, float]]]
     for side in SIDES:
         result[f"{side}_tokens_per_s"] = round(median(rate(side, i) for i in rounds), 1)
         result[f"{side}_end_to_end_s"] = median(s["end_to_end_s"] for s in samples[side])
-    result["flushes_default"] = -(-args.tokens // 32)
-    result["flushes_every_token"] = args.tokens
+    for side in ("default", "off", "every_token"):
+        result[f"flushes_{side}"] = median(s["flushes"] for s in samples[side])
     result["samples_tokens_per_s"] = {
         side: [round(rate(side, i)) for i in rounds] for side in SIDES
     }

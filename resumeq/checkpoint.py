@@ -1,5 +1,6 @@
 """The checkpointer: buffers an attempt's deltas and flushes them every ``flush_tokens``
-tokens or ``flush_ms`` milliseconds, whichever comes first, plus at the end.
+tokens or ``flush_ms`` milliseconds, whichever comes first (a token-count flush no sooner
+than ``flush_min_ms`` after the last one), plus at the end.
 
 Each flush is one round trip (the ``flush`` script). If Redis is unreachable the delta is
 kept and the next delta tries again; once the lease would have expired the attempt stops
@@ -41,6 +42,7 @@ class Checkpointer:
         revision: int,
         flush_tokens: int,
         flush_ms: int,
+        flush_min_ms: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -48,6 +50,7 @@ class Checkpointer:
         self.revision = revision
         self.flush_tokens = flush_tokens
         self.flush_s = flush_ms / 1000.0
+        self.flush_min_s = flush_min_ms / 1000.0
         self._clock = clock
         self._pending_text: list[str] = []
         self._pending_tokens = 0
@@ -79,8 +82,9 @@ class Checkpointer:
             self._pending_text.append(text)
         self._pending_tokens += tokens
         self.exact = self.exact and exact
-        due = self._pending_tokens >= self.flush_tokens or (
-            self._clock() - self._last_flush >= self.flush_s
+        since = self._clock() - self._last_flush
+        due = since >= self.flush_s or (
+            self._pending_tokens >= self.flush_tokens and since >= self.flush_min_s
         )
         if due and (self._pending_text or self._pending_tokens):
             self.flush()

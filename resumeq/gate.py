@@ -101,6 +101,8 @@ def _delay(job: JobView, cut: Cut, jitter: float) -> float:
         return min(cut.retry_after_s, RETRY_AFTER_CAP_S)
     if cut.kind == "worker_died":
         return 0.0
+    if cut.kind in ("stream_cut", "stall") and job.attempts <= 1 and job.prefix_chars > 0:
+        return 0.0  # the first cut of a stream that was flowing: continue at once
     return backoff_s(job.attempts, jitter)
 
 

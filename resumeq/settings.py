@@ -100,6 +100,10 @@ class WorkerSettings(BaseModel):
 
     flush_tokens: int = Field(default=32, gt=0)
     flush_ms: int = Field(default=250, gt=0)
+    #: A token-count flush waits until this long after the last one. At a provider's pace
+    #: (tens to hundreds of tokens a second) it never binds; at loopback speed it keeps the
+    #: checkpoint from costing a Redis round trip every couple of milliseconds. 0: off.
+    flush_min_ms: int = Field(default=20, ge=0)
     lease_ttl_ms: int = Field(default=15_000, ge=100)
     queues: tuple[str, ...] = ("resumeq",)
     #: Modules the workers import so that their hooks are registered.

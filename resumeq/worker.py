@@ -121,6 +121,7 @@ class AttemptRunner:
             revision=record.revision,
             flush_tokens=self.worker.flush_tokens,
             flush_ms=self.worker.flush_ms,
+            flush_min_ms=self.worker.flush_min_ms,
         )
         splicer = Splicer(prefix, trimmed=plan.trimmed)
         result = self._stream_with_heartbeat(client, plan, splicer, ckpt)

@@ -168,3 +168,23 @@ def test_faults_never_lose_or_double_a_delta(
     assert store.text(record.id) == "".join(t for t, _, _ in steps)
     want = exact_total if exact_total is not None else sum(n for _, n, _ in steps)
     assert record.spent_output_tokens == ck.flushed_tokens == want
+
+
+def test_a_token_count_flush_waits_for_the_minimum_interval(real_store: Store) -> None:
+    got = started(real_store)
+    clock = Clock()
+    ck = Checkpointer(
+        real_store,
+        got.lease,
+        revision=1,
+        flush_tokens=2,
+        flush_ms=250,
+        flush_min_ms=20,
+        clock=clock,
+    )
+    for _ in range(10):
+        ck.add("x", 1, exact=True)  # far past 2 tokens, but no time has passed
+    assert ck.flushes == 0
+    clock.t = 0.021
+    ck.add("y", 1, exact=True)
+    assert ck.flushes == 1 and real_store.text(got.lease.job_id) == "x" * 10 + "y"

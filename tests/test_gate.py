@@ -142,3 +142,11 @@ def test_properties(view: JobView, cut: Cut, jitter: float) -> None:
     if d.action == "done":
         assert cut.kind == "finished" or remaining <= 0
     assert d.reason
+
+
+def test_the_first_cut_of_a_flowing_stream_resumes_at_once() -> None:
+    assert decide(job(attempts=1), CUT).delay_s == 0.0
+    assert decide(job(attempts=1), Cut(kind="stall")).delay_s == 0.0
+    assert decide(job(attempts=2), CUT, jitter=0.0).delay_s == backoff_s(2, 0.0) > 0
+    empty = job(prefix_chars=0, spent_output_tokens=0)
+    assert decide(empty, CUT, jitter=0.0).delay_s == backoff_s(1, 0.0) > 0

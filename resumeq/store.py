@@ -170,16 +170,7 @@ class Store:
 
     def cancel(self, job_id: str, *, reason: str = "cancelled") -> int:
         """Cancel a job that is not terminal; answers the new revision."""
-        job_keys = [
-            keys.job(job_id),
-            keys.lease(job_id),
-            keys.LEASES,
-            keys.QUEUED,
-            keys.SPILLED,
-            keys.events(job_id),
-            keys.text(job_id),
-            keys.ledger(job_id),
-        ]
+        job_keys = _ending_keys(job_id)
         return self._write("cancel", job_keys, [reason, self.settings.retention_s], job_id)
 
     # -- operator side (the spill lane) ---------------------------------------------------
@@ -231,16 +222,7 @@ class Store:
     def fail_unreadable(self, job_id: str, *, reason: str) -> int:
         """End a job whose record cannot be read back as ``failed`` (janitor only): no
         field of it is trusted. Answers the new revision."""
-        job_keys = [
-            keys.job(job_id),
-            keys.lease(job_id),
-            keys.LEASES,
-            keys.QUEUED,
-            keys.SPILLED,
-            keys.events(job_id),
-            keys.text(job_id),
-            keys.ledger(job_id),
-        ]
+        job_keys = _ending_keys(job_id)
         args: list[str | int] = [job_id, reason, self.settings.retention_s]
         return self._write("fail", job_keys, args, job_id)
 
@@ -548,6 +530,20 @@ class Store:
         if status == "wrong_state":
             raise InvalidTransition(f"{op}: job {job_id} is {detail}", job_id=job_id, state=detail)
         raise StoreError(f"{op}: job {job_id}: unexpected script answer {status!r} {detail}")
+
+
+def _ending_keys(job_id: str) -> list[str]:
+    """The keys a script that ends a job from any state touches (cancel, fail)."""
+    return [
+        keys.job(job_id),
+        keys.lease(job_id),
+        keys.LEASES,
+        keys.QUEUED,
+        keys.SPILLED,
+        keys.events(job_id),
+        keys.text(job_id),
+        keys.ledger(job_id),
+    ]
 
 
 def _record(job_id: str, fields: dict[str, str]) -> JobRecord:

@@ -25,6 +25,7 @@ from resumeq.providers.base import (
     TextDelta,
     Usage,
     error_details,
+    int_or_none,
     json_object,
 )
 
@@ -32,10 +33,6 @@ API_VERSION = "2023-06-01"
 _CACHE = {"type": "ephemeral"}
 #: Deltas that are output but not text (thinking, tool input): progress, not a stall.
 _OTHER_PROGRESS = ("thinking_delta", "input_json_delta", "signature_delta", "citations_delta")
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class AnthropicStream(ProviderStream):
@@ -120,7 +117,7 @@ class AnthropicStream(ProviderStream):
         old = self.usage if merge else Usage()
 
         def pick(key: str, before: int | None) -> int | None:
-            value = _int(raw.get(key))
+            value = int_or_none(raw.get(key))
             return before if value is None else value
 
         self.usage = Usage(
@@ -129,7 +126,7 @@ class AnthropicStream(ProviderStream):
             cache_creation_input_tokens=pick(
                 "cache_creation_input_tokens", old.cache_creation_input_tokens
             ),
-            output_tokens=_int(raw.get("output_tokens")),
+            output_tokens=int_or_none(raw.get("output_tokens")),
         )
         return self.usage
 

@@ -135,6 +135,11 @@ def error_details(body: str) -> tuple[str, str | None]:
     return body.strip()[:300], None
 
 
+def int_or_none(value: Any) -> int | None:
+    """A count from a provider's JSON: an int (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def json_object(sse: ServerSentEvent) -> dict[str, Any]:
     """An SSE event's data as a JSON object, or a :class:`MalformedChunk` cut."""
     try:

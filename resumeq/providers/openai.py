@@ -26,6 +26,7 @@ from resumeq.providers.base import (
     TextDelta,
     Usage,
     error_details,
+    int_or_none,
     json_object,
 )
 
@@ -39,14 +40,10 @@ def usage_of(raw: Any) -> Usage | None:
     details = raw.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
     return Usage(
-        input_tokens=_int(raw.get("prompt_tokens")),
-        cached_input_tokens=_int(cached),
-        output_tokens=_int(raw.get("completion_tokens")),
+        input_tokens=int_or_none(raw.get("prompt_tokens")),
+        cached_input_tokens=int_or_none(cached),
+        output_tokens=int_or_none(raw.get("completion_tokens")),
     )
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class OpenAIStream(ProviderStream):

@@ -35,6 +35,9 @@ HOOK_FUNC = "resumeq.hooks.run_hook"
 RESULT_TTL_S = 3600
 FAILURE_TTL_S = 7 * 24 * 3600
 
+#: An attempt RQ started this long ago that has not taken its lease is presumed dead.
+STARTED_GRACE_S = 10.0
+
 _ENDED = {JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED}
 
 
@@ -99,6 +102,14 @@ def attempt_pending(connection: redis.Redis, job_id: str, attempt: int) -> bool:
         return False
     if status == JobStatus.QUEUED:
         return rq_queue(job.origin, connection).get_job_position(job.id) is not None
+    if status == JobStatus.STARTED and job.started_at is not None:
+        # The first thing an attempt does is take the lease. Started long ago and the job
+        # still queued: its work horse died before that, and RQ would notice only when
+        # the execution's heartbeat expires, a minute or more later.
+        started = job.started_at
+        if started.tzinfo is None:
+            started = started.replace(tzinfo=UTC)
+        return (datetime.now(UTC) - started).total_seconds() < STARTED_GRACE_S
     return True
 
 

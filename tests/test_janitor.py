@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
+from rq.job import JobStatus
 
 from resumeq import keys
 from resumeq.context import build_context
@@ -117,3 +119,23 @@ def test_an_attempt_dequeued_by_a_dead_worker_is_enqueued_again(
     assert janitor.sweep().requeued == [job_id]
     assert queue.get_job_ids() == [attempt_rq_id(job_id, 1)]
     assert janitor.sweep().requeued == []
+
+
+def test_an_attempt_started_by_a_horse_that_died_before_its_lease_is_enqueued_again(
+    janitor: Janitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = janitor.store
+    job_id = enqueue_job(store, store.redis, SPEC).id
+    queue = rq_queue("resumeq", store.redis)
+    rq_job = queue.fetch_job(attempt_rq_id(job_id, 1))
+    assert rq_job is not None
+    store.redis.lpop(queue.key)  # a worker took it, marked it started, and died
+    rq_job.set_status(JobStatus.STARTED)
+    rq_job.started_at = datetime.now(UTC) - timedelta(seconds=2)
+    rq_job.save()
+    monkeypatch.setattr("resumeq.janitor.VANISHED_GRACE_MS", 0)
+    assert janitor.sweep().requeued == []  # just started: it may still take its lease
+    rq_job.started_at = datetime.now(UTC) - timedelta(seconds=30)
+    rq_job.save()
+    assert janitor.sweep().requeued == [job_id]
+    assert queue.get_job_ids() == [attempt_rq_id(job_id, 1)]

@@ -1,4 +1,5 @@
-"""A short chaos soak in the suite (the long one is ``make soak``)."""
+"""A short chaos soak in the suite (the long one, with a Redis restart, is ``make soak``;
+Redis restarts are tested on their own in ``test_e2e_redis_faults.py``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ def test_short_chaos_soak_loses_nothing() -> None:
             duration_s=12,
             kill_every_s=3,
             freeze_every_s=8,
+            redis_restarts=0,
             settle_timeout_s=120,
         )
     )
@@ -24,5 +26,5 @@ def test_short_chaos_soak_loses_nothing() -> None:
     assert result["inconsistent_events"] == 0, result
     assert result["canonical"] == result["done"] == 24, result
     assert result["over_billed_without_worker_death"] == 0, result
-    assert result["worker_kills"] >= 2 and result["redis_restarts"] == 1, result
+    assert result["worker_kills"] >= 2 and result["worker_freezes"] >= 1, result
     assert result["faults_injected"] >= 1, result

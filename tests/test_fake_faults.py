@@ -358,18 +358,17 @@ def test_token_delay_paces_the_stream(fake: FakeProvider, http: httpx.Client) ->
     assert got.text() == "".join(fake.canonical_tokens(MESSAGES)[:6])
 
 
-def test_streams_thousands_of_tokens_per_second(http: httpx.Client, fake: FakeProvider) -> None:
+def test_streams_twenty_thousand_tokens(http: httpx.Client, fake: FakeProvider) -> None:
+    """A long stream arrives whole. Its speed is measured where speeds belong, in
+    benchmarks/overhead.py (``off_tokens_per_s``, ``bare_tokens_per_s``)."""
     fake.completion_tokens = 20_000
     try:
-        started = time.monotonic()
         with http.stream("POST", "/v1/chat/completions", json=OPENAI_BODY) as response:
             size = sum(len(chunk) for chunk in response.iter_raw())
-        elapsed = time.monotonic() - started
     finally:
         fake.completion_tokens = 200
     assert size > 20_000 * 100
     assert last_entry(fake)["tokens_emitted"] == 20_000
-    assert elapsed < 4.0  # ~20k tokens/s on a laptop; 5k/s is the floor here
 
 
 def test_stop_ends_a_stall_at_once() -> None:

@@ -107,14 +107,14 @@ def test_chaos_over_http_is_journalled_and_reset_clears_it(
     fake.chaos(probability=1.0, seed=11)
     for n in range(5):
         generate(http, f"chaos {n}")
-    journal = fake.journal()
+    journal = fake.journal(settle_s=5)
     assert [e["outcome"] for e in journal] == ["disconnect"] * 5
     for entry in journal:
         assert entry["fault"]["source"] == "chaos"
         assert entry["tokens_emitted"] == entry["fault"]["after_tokens"] < TOKENS
     fake.reset()
     generate(http, "after reset")
-    assert [e["outcome"] for e in fake.journal()] == ["finished"]
+    assert [e["outcome"] for e in fake.journal(settle_s=5)] == ["finished"]
 
 
 def test_a_queued_fault_comes_first(fake: FakeProvider, http: httpx.Client) -> None:
@@ -122,7 +122,7 @@ def test_a_queued_fault_comes_first(fake: FakeProvider, http: httpx.Client) -> N
     fake.add_faults([{"kind": "truncate", "after_tokens": 3}])
     generate(http, "queued")
     generate(http, "chaos")
-    first, second = fake.journal()
+    first, second = fake.journal(settle_s=5)
     assert first["fault"]["source"] == "queue" and first["outcome"] == "truncate"
     assert second["fault"]["source"] == "chaos"
 
@@ -133,12 +133,12 @@ def test_the_config_endpoint_turns_chaos_on_and_off(fake: FakeProvider, http: ht
     assert reply.status_code == 200
     assert reply.json()["chaos"]["scope"] == "conversation"
     generate(http, "configured")
-    assert fake.journal()[0]["outcome"] == "truncate"
+    assert fake.journal(settle_s=5)[0]["outcome"] == "truncate"
     assert http.get("/_fake/config").json()["chaos"]["faults"] == 1
     assert http.post("/_fake/config", json={"chaos": {"probability": 2}}).status_code == 422
     assert "chaos" not in http.post("/_fake/config", json={"chaos": None}).json()
     generate(http, "off again")
-    assert fake.journal()[-1]["outcome"] == "finished"
+    assert fake.journal(settle_s=5)[-1]["outcome"] == "finished"
 
 
 def test_a_fault_with_match_waits_for_its_request(fake: FakeProvider) -> None:

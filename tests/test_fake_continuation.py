@@ -147,7 +147,7 @@ def test_a_prefix_that_is_not_canonical_is_refused(
     response = http.post(path, json=body)
     assert response.status_code == 400
     assert "not part of the canonical text" in response.text
-    assert fake.journal()[-1]["outcome"] == "invalid_request"
+    assert fake.journal(settle_s=5)[-1]["outcome"] == "invalid_request"
 
 
 # -- Anthropic prefill, white space trimmed ----------------------------------------------------

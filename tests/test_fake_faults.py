@@ -105,7 +105,7 @@ def receive(http: httpx.Client, path: str, body: dict[str, Any], **kwargs: Any) 
 
 
 def last_entry(fake: FakeProvider) -> dict[str, Any]:
-    return fake.journal()[-1]
+    return fake.journal(settle_s=5)[-1]
 
 
 # -- stream faults ---------------------------------------------------------------------------
@@ -224,7 +224,7 @@ def test_status_429_with_retry_after_honours_times(fake: FakeProvider, http: htt
         assert response.headers["retry-after"] == "1"
         assert response.json()["error"]["code"] == "rate_limit_exceeded"
     assert receive(http, *WIRES["openai"]).text() == fake.canonical_text(MESSAGES)
-    outcomes = [entry["outcome"] for entry in fake.journal()]
+    outcomes = [entry["outcome"] for entry in fake.journal(settle_s=5)]
     assert outcomes == ["status", "status", "finished"]
     assert [e["output_tokens_billed"] for e in fake.journal()] == [0, 0, 200]
 
@@ -256,7 +256,7 @@ def test_faults_apply_in_order_and_skip_counting_requests(
     assert receive(http, *WIRES["anthropic"]).error is None
     assert isinstance(receive(http, *WIRES["openai"]).error, httpx.RemoteProtocolError)
     assert receive(http, *WIRES["openai"]).text() == fake.canonical_text(MESSAGES)
-    outcomes = [entry["outcome"] for entry in fake.journal()]
+    outcomes = [entry["outcome"] for entry in fake.journal(settle_s=5)]
     assert outcomes == ["finished", "finished", "truncate", "disconnect", "finished"]
 
 
@@ -277,7 +277,7 @@ def test_non_streaming_faults(fake: FakeProvider, http: httpx.Client) -> None:
     with pytest.raises(ValueError):
         http.post("/v1/chat/completions", json=plain).json()
     assert http.post("/v1/chat/completions", json=plain).status_code == 503
-    billed = [entry["output_tokens_billed"] for entry in fake.journal()]
+    billed = [entry["output_tokens_billed"] for entry in fake.journal(settle_s=5)]
     assert billed == [7, 7, 0, 0]
 
 

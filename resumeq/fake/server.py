@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any, Self
@@ -139,8 +140,17 @@ class FakeProvider:
         """Clear faults, chaos, journal and prompt cache."""
         self.state.reset()
 
-    def journal(self) -> list[dict[str, Any]]:
-        return self.state.journal.snapshot()
+    def journal(self, settle_s: float = 0.0) -> list[dict[str, Any]]:
+        """Every request received and what it got. The server records an exchange's outcome
+        just after its last byte, so a client that has read a whole response can look
+        before then: ``settle_s`` first waits up to that long for exchanges in progress."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            snapshot = self.state.journal.snapshot()
+            busy = any(entry["outcome"] == "in_progress" for entry in snapshot)
+            if not busy or time.monotonic() >= deadline:
+                return snapshot
+            time.sleep(0.01)
 
     def canonical_tokens(self, messages: Sequence[Any], system: Any = None) -> list[str]:
         """The canonical completion of a conversation, token by token. ``messages`` as either

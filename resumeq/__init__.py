@@ -32,6 +32,7 @@ from resumeq.errors import (
     StoreError,
     StreamCut,
     Truncated,
+    UnreadableCount,
     WriteRefused,
 )
 from resumeq.models import (
@@ -120,6 +121,7 @@ __all__ = [
     "StoreSettings",
     "StreamCut",
     "Truncated",
+    "UnreadableCount",
     "WorkerSettings",
     "WriteRefused",
     "__version__",

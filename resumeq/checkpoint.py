@@ -7,6 +7,10 @@ kept and the next delta tries again; once the lease would have expired the attem
 (:class:`~resumeq.errors.LeaseLost`): nobody should pay for tokens that cannot be kept. A
 flush whose reply was lost is recognised on retry (the revision moved by one, the lease
 is still ours) and not written twice.
+
+Tokens counted chunk by chunk are a lower bound (see :mod:`resumeq.counting`); the last
+write, :meth:`Checkpointer.settle`, raises them to the attempt's total and labels it exact
+or an estimate. No write ever lowers the cursor.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ class Checkpointer:
         self.flushes = 0
         #: Whether every count of this attempt so far is exact.
         self.exact = True
+        #: The label of the last write (None before the first).
+        self._written_exact: bool | None = None
         #: What the last flush tried to write when Redis did not answer. It may have been
         #: applied; the next flush finds out.
         self._inflight: _Batch | None = None
@@ -89,18 +95,29 @@ class Checkpointer:
         if due and (self._pending_text or self._pending_tokens):
             self.flush()
 
-    def flush(self, *, exact_total: int | None = None) -> bool:
-        """Write what is pending. With ``exact_total`` (this attempt's exact output count)
-        the flush also corrects every estimate made so far. Answers False if Redis was
-        unreachable (the delta stays pending).
+    def flush(self) -> bool:
+        """Write what is pending. Answers False if Redis was unreachable (the delta stays
+        pending).
 
         A batch whose flush got no answer is sent again unchanged, with the same expected
         revision, before anything newer: either it was applied (the revision moved by one
         and the lease is still ours) or it is applied now — never twice, never lost.
         """
+        return self._write(None)
+
+    def settle(self, total: int, *, exact: bool) -> bool:
+        """Write what is pending and make this attempt's tokens ``total``, labelled exact
+        or an estimate. ``total`` may not be below the tokens already counted (flushed or
+        pending): the cursor never goes down. Answers False if Redis was unreachable."""
+        counted = self.flushed_tokens + self._pending_tokens
+        if total < counted:
+            raise ValueError(f"a total of {total} is below the {counted} tokens already counted")
+        return self._write((total, exact))
+
+    def _write(self, settle: tuple[int, bool] | None) -> bool:
         while True:
             retry = self._inflight is not None
-            batch = self._inflight or self._next_batch(exact_total)
+            batch = self._inflight or self._next_batch(settle)
             if batch is None:
                 return True
             try:
@@ -124,16 +141,16 @@ class Checkpointer:
             if not retry:
                 return True
 
-    def _next_batch(self, exact_total: int | None) -> _Batch | None:
+    def _next_batch(self, settle: tuple[int, bool] | None) -> _Batch | None:
         """Everything pending, or None when there is nothing to write."""
         batch = _Batch(len(self._pending_text), self._pending_tokens, self._pending_tokens)
         batch.exact = self.exact
-        if exact_total is not None:
-            batch.tokens = exact_total - self.flushed_tokens
-            batch.exact = True
-            if not batch.items and not batch.tokens:
-                self.exact = True
-                self._pending_tokens = 0
+        if settle is not None:
+            total, batch.exact = settle
+            batch.tokens = total - self.flushed_tokens
+            relabel = self._written_exact is not None and self._written_exact != batch.exact
+            if not (batch.items or batch.tokens or relabel):
+                self.exact = batch.exact
                 return None
         elif not batch.items and not batch.tokens:
             return None
@@ -149,7 +166,7 @@ class Checkpointer:
         self.flushed_chars += sum(len(t) for t in written)
         self.flushed_bytes += sum(len(t.encode("utf-8")) for t in written)
         self.flushes += 1
-        self.exact = batch.exact
+        self.exact = self._written_exact = batch.exact
         self._last_flush = self.lease_confirmed = self._clock()
 
     def _unreachable(self, exc: RedisUnavailable) -> None:

@@ -428,15 +428,43 @@ def demo(as_json: bool) -> None:
     show_default=True,
     help="Pause between tokens, so streams can be cut by hand.",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["vllm", "llamacpp"]),
+    default=None,
+    help="Behave as this engine does (default vllm): presets the three options below.",
+)
+@click.option(
+    "--prefill-echo/--no-prefill-echo",
+    default=None,
+    help="Repeat a continued assistant message before the text, as llama.cpp does.",
+)
+@click.option(
+    "--continuous-usage/--no-continuous-usage",
+    default=None,
+    help="Honour stream_options.continuous_usage_stats (llama.cpp ignores it).",
+)
+@click.option(
+    "--tokenize",
+    type=click.Choice(["vllm", "llamacpp"]),
+    default=None,
+    help="The request and answer format of POST /tokenize.",
+)
 @reports_errors
 def fake_provider(
-    host: str, port: int, completion_tokens: int | None, token_delay_ms: float
+    host: str, port: int, completion_tokens: int | None, token_delay_ms: float, **engine: Any
 ) -> None:
     """Serve the fake provider (OpenAI and Anthropic wire formats) until interrupted."""
     from resumeq.fake import serve  # noqa: PLC0415 - kept out of worker processes
 
     try:
-        serve(host, port, completion_tokens=completion_tokens, token_delay_ms=token_delay_ms)
+        serve(
+            host,
+            port,
+            completion_tokens=completion_tokens,
+            token_delay_ms=token_delay_ms,
+            **engine,
+        )
     except OSError as exc:
         _fail(f"cannot serve on {host}:{port}: {exc.strerror or exc}")
 

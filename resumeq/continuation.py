@@ -67,6 +67,8 @@ class RequestPlan:
     trimmed: str = ""
     #: Characters of stored prefix the request carries (the whole prefix, or its tail).
     prefix_chars_sent: int = 0
+    #: The prefix text exactly as the request carries it (an engine may echo it back).
+    sent: str = ""
 
 
 def tail_pieces(text: str, n: int) -> str:
@@ -121,6 +123,7 @@ def plan_request(
     mode = profile.continue_mode
     extra: dict[str, object] = {}
     trimmed = ""
+    sent = tail
     if mode == "instruction":
         block = f"{INSTRUCTION}{PARTIAL_OPEN}{tail}{PARTIAL_CLOSE}"
         added = ChatMessage(role="user", content=block)
@@ -141,4 +144,5 @@ def plan_request(
         extra_body=extra,
         trimmed=trimmed,
         prefix_chars_sent=len(tail),
+        sent=sent,
     )

@@ -18,7 +18,8 @@ into resumeq, and never leak past that boundary::
     │   │   ├── MalformedChunk          a chunk that is not what the wire format says
     │   │   ├── InBandError             an error event behind HTTP 200
     │   │   └── Stalled                 no bytes, or no content, for stall_timeout_s
-    │   └── FatalProviderError      400/401/403/404/422 and other 4xx: never retried
+    │   ├── FatalProviderError      400/401/403/404/422 and other 4xx: never retried
+    │   └── UnreadableCount         a counting endpoint answered something that is no count
     └── StoreError                  the job store refused or failed an operation
         ├── RedisUnavailable        Redis could not be reached (connection, timeout)
         ├── JobNotFound             no job record under that id
@@ -209,3 +210,8 @@ class FatalProviderError(ProviderError):
     """The request itself is wrong (or not allowed): sending it again cannot help."""
 
     kind = "fatal"
+
+
+class UnreadableCount(ProviderError):
+    """A counting endpoint answered, but not with a count (HTML, a list of strings, a
+    missing field): the attempt keeps its estimate."""

@@ -4,8 +4,9 @@ that the caller does not pass in.
 One decision with its reason:
 
 - ``done`` — the provider said stop or length, or the budget is spent.
-- ``retry`` — nothing was generated yet: the same request again, after Retry-After or a
-  jittered backoff. Only the input is paid for again, and the ledger shows it.
+- ``retry`` — no text was generated yet: the same request again, after Retry-After or a
+  jittered backoff, for what is left of the budget. Only the input is paid for again
+  (and any reasoning that was cut before the text began: billed, and not resumable).
 - ``resume`` — a real prefix and ``budget - spent >= floor``: a continuation asking for
   ``budget - spent`` tokens.
 - ``abandon`` / ``spill`` — the job's exit when it cannot go on (remaining budget under the
@@ -150,10 +151,14 @@ def _settled(job: JobView, cut: Cut) -> Decision | None:
 
 
 def _why_not_retry(job: JobView) -> str | None:
+    remaining = job.budget_tokens - job.spent_output_tokens
     if job.exit.on_cut != "resume":
         return f"on_cut is {job.exit.on_cut}"
     if job.attempts >= job.exit.max_attempts:
         return f"attempts exhausted ({job.attempts}) before any output"
+    if remaining < job.floor_tokens:
+        # Reasoning that was cut before any text is billed and lost.
+        return f"remaining budget {remaining} is below the floor {job.floor_tokens}"
     return None
 
 
@@ -168,7 +173,12 @@ def decide(job: JobView, cut: Cut, *, jitter: float = 0.5) -> Decision:
     why = _why_not_retry(job) if retry else _why_not_continue(job, cut)
     if why is not None:
         return _exit(job, why)
-    what = "before any output" if retry else f"after {job.spent_output_tokens} output tokens"
+    if not retry:
+        what = f"after {job.spent_output_tokens} output tokens"
+    elif job.spent_output_tokens:
+        what = f"before any text ({job.spent_output_tokens} tokens of reasoning are lost)"
+    else:
+        what = "before any output"
     return Decision(
         action="retry" if retry else "resume",
         reason=f"{cut.kind} {what}",

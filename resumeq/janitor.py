@@ -25,11 +25,12 @@ from typing import TypeVar, TypeVarTuple
 from rq.registry import ScheduledJobRegistry, clean_registries
 
 from resumeq.context import WorkerContext
-from resumeq.errors import CorruptRecord, JobNotFound, ResumeqError, WriteRefused
+from resumeq.counting import estimate
+from resumeq.errors import ConfigError, CorruptRecord, JobNotFound, ResumeqError, WriteRefused
 from resumeq.exits import apply_decision
 from resumeq.gate import Cut, JobView, decide
 from resumeq.ledger import AttemptRecord
-from resumeq.models import JobState
+from resumeq.models import JobRecord, JobState, Lease
 from resumeq.queueing import (
     SPILL_QUEUE,
     attempt_pending,
@@ -48,6 +49,9 @@ Ts = TypeVarTuple("Ts")
 VANISHED_GRACE_MS = 5_000
 #: A delayed attempt this late is enqueued by the janitor itself.
 SCHEDULE_GRACE_S = 3.0
+#: The estimate's ratio for a job whose provider profile this janitor does not know: the
+#: lowest default of any kind, so that it errs high.
+MIN_BYTES_PER_TOKEN = 2.0
 #: RQ's registries are cleaned at most this often.
 REGISTRY_INTERVAL_S = 15.0
 
@@ -123,10 +127,12 @@ class Janitor:
             return None
         lease, record = result.acquired.lease, result.acquired.record
         text_bytes = self.store.text_bytes(job_id)
+        counted = self._count_dead_attempt(lease, record, text_bytes)
+        spent = record.attempt_spent_base + counted
         view = JobView(
             budget_tokens=record.budget_tokens,
             floor_tokens=record.floor_tokens,
-            spent_output_tokens=record.spent_output_tokens,
+            spent_output_tokens=spent,
             prefix_chars=text_bytes,
             attempts=record.attempt,
             spill_count=record.spill_count,
@@ -148,9 +154,9 @@ class Janitor:
             detail="lease expired; reaped by " + self.name,
             provider=record.spec.provider,
             prefix_tokens=record.attempt_spent_base,
-            output_tokens_persisted=record.spent_output_tokens - record.attempt_spent_base,
+            output_tokens_persisted=counted,
             bytes_persisted=text_bytes - record.attempt_text_base,
-            count_source="chunks" if not record.counts_exact else "usage",
+            count_source="usage" if record.counts_exact else "estimate",
             counts_exact=record.counts_exact,
         )
         try:
@@ -163,6 +169,35 @@ class Janitor:
         reason = f"resumeq: lease expired, worker presumed dead; job {outcome} by {self.name}"
         fail_dead_attempt(self.ctx.redis, job_id, record.attempt, reason)
         return outcome
+
+    def _count_dead_attempt(self, lease: Lease, record: JobRecord, text_bytes: int) -> int:
+        """The dead attempt's output tokens. Counted exactly, they stand; counted chunk by
+        chunk (a lower bound), the cursor is raised to an estimate that errs high from the
+        text it stored, so the continuation cannot buy past the budget."""
+        counted = record.spent_output_tokens - record.attempt_spent_base
+        if record.counts_exact:
+            return counted
+        try:
+            ratio = self.ctx.settings.profile(record.spec.provider).bytes_per_token
+        except ConfigError:
+            ratio = MIN_BYTES_PER_TOKEN
+        stored = text_bytes - record.attempt_text_base
+        guess = estimate(0, stored, counted=counted, bytes_per_token=ratio)
+        if guess > counted:
+            self.store.flush(
+                lease,
+                expected_revision=record.revision,
+                delta="",
+                tokens=guess - counted,
+                exact=False,
+            )
+            log.info(
+                "job %s: the dead attempt's %d counted tokens raised to an estimate of %d",
+                record.id,
+                counted,
+                guess,
+            )
+        return guess
 
     def _requeue_vanished(self, job_id: str) -> bool:
         try:

@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict
 
 from resumeq.settings import Prices
 
-CountSource = Literal["usage", "tokenizer", "chunks"]
+#: Where an attempt's output count came from (``chunks``: records written before the
+#: estimate erred high).
+CountSource = Literal["usage", "tokenizer", "estimate", "chunks"]
 
 
 class AttemptRecord(BaseModel):
@@ -39,13 +41,21 @@ class AttemptRecord(BaseModel):
     cache_creation_input_tokens: int | None = None
     #: Output tokens the provider reported for this attempt (None: it did not say).
     output_tokens: int | None = None
-    #: Output tokens written to the cursor by this attempt.
+    #: Output tokens written to the cursor by this attempt (reasoning included).
     output_tokens_persisted: int = 0
+    #: The reasoning (thinking) tokens among them, where known: billed, never resumed.
+    reasoning_tokens: int | None = None
     chars_persisted: int = 0
     #: UTF-8 bytes this attempt added to the stored text: where its splice ends.
     bytes_persisted: int = 0
-    count_source: CountSource = "chunks"
+    count_source: CountSource = "estimate"
     counts_exact: bool = False
+    #: Why a provider count was not believed, if one was refused.
+    count_refused: str | None = None
+    #: What the seam dropped from the continuation: an echo of the prefix it was sent,
+    #: and (``instruction`` mode) a restated ending.
+    echo_chars: int = 0
+    overlap_chars: int = 0
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

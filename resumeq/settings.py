@@ -51,7 +51,20 @@ class ProviderProfile(BaseModel):
     continue_mode: Literal["prefill", "prefill_flag", "continue_final_message", "instruction"] = (
         "instruction"
     )
-    counting: Literal["usage", "tokenizer", "chunks"] = "chunks"
+    #: How output tokens are counted (SPEC §6): the provider's usage, its counting
+    #: endpoint, usage when the stream ends and the endpoint when it was cut, or an
+    #: estimate from what arrived.
+    counting: Literal["usage", "tokenizer", "usage+tokenizer", "chunks"] = "chunks"
+    #: The counting endpoint's format; by default the kind's own (``anthropic`` for
+    #: Anthropic, ``vllm`` for the OpenAI wire).
+    tokenizer: Literal["vllm", "llamacpp", "anthropic"] | None = None
+    #: Whether the engine repeats a prefill before continuing it; ``auto`` detects it.
+    prefill_echo: Literal["auto", "yes", "no"] = "auto"
+    #: An estimate counts at least one token per this many UTF-8 bytes received (and at
+    #: least one per chunk). Lower errs higher; 1 is a hard bound (a token is at least a
+    #: byte). By default 2 for Anthropic, whose deltas carry several tokens, and 4 for the
+    #: OpenAI wire, which streams one token per chunk.
+    estimate_bytes_per_token: float | None = Field(default=None, gt=0)
     resume_context: str = "full"
     stall_timeout_s: float = Field(default=30.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
@@ -86,7 +99,36 @@ class ProviderProfile(BaseModel):
                 f'continue_mode "{self.continue_mode}" is not an Anthropic mode '
                 '(use "prefill" or "instruction")'
             )
+        anthropic = self.kind == "anthropic"
+        if self.tokenizer is not None and (self.tokenizer == "anthropic") != anthropic:
+            wanted = '"anthropic"' if anthropic else '"vllm" or "llamacpp"'
+            raise ValueError(
+                f'tokenizer "{self.tokenizer}" does not fit kind "{self.kind}" (use {wanted})'
+            )
         return self
+
+    @property
+    def tokenizer_format(self) -> Literal["vllm", "llamacpp", "anthropic"]:
+        """The counting endpoint's format, defaulted from the kind."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        return "anthropic" if self.kind == "anthropic" else "vllm"
+
+    @property
+    def bytes_per_token(self) -> float:
+        """The estimate's bytes per token, defaulted from the kind."""
+        if self.estimate_bytes_per_token is not None:
+            return self.estimate_bytes_per_token
+        return 2.0 if self.kind == "anthropic" else 4.0
+
+    @property
+    def counts_with_tokenizer(self) -> bool:
+        return self.counting in ("tokenizer", "usage+tokenizer")
+
+    @property
+    def asks_continuous_usage(self) -> bool:
+        """Whether requests ask for usage in every chunk (vLLM's ``continuous_usage_stats``)."""
+        return self.counting in ("usage", "usage+tokenizer")
 
     @property
     def tail_tokens(self) -> int | None:

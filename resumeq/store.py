@@ -344,13 +344,14 @@ class Store:
         One round trip: token and revision checks, APPEND, cursor and revision update,
         the event, and (``extend_lease``) the lease extension.
 
-        ``exact`` says whether this attempt's total count is exact after the flush. An
-        attempt that flushed estimates and then learns the exact total (a final usage
-        chunk, a tokenizer call) sends an exact flush whose ``tokens`` is the difference,
-        which may be negative; the cursor never goes below 0.
+        ``exact`` says whether this attempt's total count is exact after the flush: an
+        attempt that counted chunk by chunk (a lower bound) and then learns its total (a
+        final usage chunk, a tokenizer call, an estimate) sends the difference with the
+        label. ``tokens`` is never negative: no write lowers the cursor. The owner of a
+        ``stalled`` job (a janitor) may flush too: a dead attempt's estimate.
         """
-        if tokens < 0 and not exact:
-            raise ValueError("a negative token count is only a correction to an exact total")
+        if tokens < 0:
+            raise ValueError(f"a flush never lowers the cursor (tokens {tokens})")
         job_id = lease.job_id
         job_keys = [
             keys.job(job_id),

@@ -14,13 +14,15 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from rq import get_current_job
 
 from resumeq.checkpoint import Checkpointer
 from resumeq.context import WorkerContext, context
 from resumeq.continuation import RequestPlan, plan_request
+from resumeq.counting import Count, Tally, settle
 from resumeq.errors import (
     ConfigError,
     FatalProviderError,
@@ -28,6 +30,7 @@ from resumeq.errors import (
     JobNotFound,
     LeaseLost,
     ProviderError,
+    ProviderUnavailable,
     RetryableProviderError,
     Stalled,
     StreamCut,
@@ -36,12 +39,19 @@ from resumeq.errors import (
 from resumeq.exits import apply_decision
 from resumeq.gate import Cut, Decision, JobView, decide
 from resumeq.heartbeat import Heartbeat
-from resumeq.ledger import AttemptRecord, CountSource
+from resumeq.ledger import AttemptRecord
 from resumeq.models import JobRecord, JobState, Lease
-from resumeq.providers import ProviderClient, ProviderStream, TextDelta, Usage, make_client
+from resumeq.providers import (
+    ProviderClient,
+    ProviderStream,
+    StreamEvent,
+    TextDelta,
+    Usage,
+    make_client,
+)
 from resumeq.queueing import SPILL_QUEUE
 from resumeq.settings import ProviderProfile
-from resumeq.splice import Splicer
+from resumeq.splice import Splicer, SpliceReport
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +65,27 @@ def _now_ms() -> int:
 
 @dataclass
 class StreamResult:
-    """How the stream ended, and what it said about itself."""
+    """How the stream ended, what it said about itself, and what it delivered."""
 
     cut: Cut
     usage: Usage = field(default_factory=Usage)
+    #: Text deltas as they arrived (an echo included), and the reasoning's text.
     received: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tally: Tally = field(default_factory=Tally)
     lost: BaseException | None = None
+
+
+@dataclass
+class _Call:
+    """What one attempt works with once it has decided to call the provider."""
+
+    record: JobRecord
+    profile: ProviderProfile
+    plan: RequestPlan
+    client: ProviderClient
+    splicer: Splicer
+    ckpt: Checkpointer
 
 
 def run_attempt(job_id: str) -> str:
@@ -123,17 +148,23 @@ class AttemptRunner:
             flush_ms=self.worker.flush_ms,
             flush_min_ms=self.worker.flush_min_ms,
         )
-        splicer = Splicer(prefix, trimmed=plan.trimmed)
-        result = self._stream_with_heartbeat(client, plan, splicer, ckpt)
+        splicer = Splicer(
+            prefix,
+            sent=plan.sent if plan.kind == "resume" else None,
+            trimmed=plan.trimmed,
+            mode=profile.continue_mode,
+            echo=profile.prefill_echo,
+        )
+        call = _Call(record, profile, plan, client, splicer, ckpt)
+        result, count = self._stream_and_count(call)
         if result.lost is not None:
             raise (
                 result.lost
                 if isinstance(result.lost, WriteRefused)
                 else LeaseLost(str(result.lost), job_id=record.id)
             )
-        ckpt.add(splicer.finish(), 0, exact=ckpt.exact)
-        exact_total, source = self._exact_total(result, client, profile, record, ckpt)
-        self._final_flush(ckpt, exact_total)
+        for note in splicer.report.notes:
+            log.info("job %s attempt %d: %s", record.id, record.attempt, note)
 
         view = JobView(
             budget_tokens=record.budget_tokens,
@@ -156,7 +187,8 @@ class AttemptRunner:
             plan=plan,
             usage=result.usage,
             ckpt=ckpt,
-            source=source,
+            count=count,
+            seam=splicer.report,
         )
         log.info(
             "job %s attempt %d (%s): %s, %d tokens persisted -> %s (%s)",
@@ -192,11 +224,12 @@ class AttemptRunner:
 
     # -- streaming -----------------------------------------------------------------------
 
-    def _stream_with_heartbeat(
-        self, client: ProviderClient, plan: RequestPlan, splicer: Splicer, ckpt: Checkpointer
-    ) -> StreamResult:
+    def _stream_and_count(self, call: _Call) -> tuple[StreamResult, Count]:
+        """Stream, make the text durable, count, and write the count — all under the
+        heartbeat, which runs until this attempt's last write before its exit."""
         lost = threading.Event()
         opened: list[ProviderStream] = []
+        ckpt, splicer = call.ckpt, call.splicer
 
         def on_lost(exc: BaseException) -> None:
             lost.set()
@@ -206,26 +239,25 @@ class AttemptRunner:
         heartbeat = Heartbeat(
             self.store, ckpt.lease, on_lost=on_lost, confirmed=lambda: ckpt.lease_confirmed
         ).start()
+        count = Count(0, False, "estimate")
         try:
-            result = self._stream(client, plan, splicer, ckpt, lost=lost, opened=opened)
+            result = self._stream(call, lost=lost, opened=opened)
+            if not lost.is_set():
+                ckpt.add(splicer.finish(), splicer.take_tokens(), exact=ckpt.exact)
+                self._until_written(ckpt.flush)  # the text is durable before any counting
+                count = self._count(call, result)
+                self._until_written(lambda: ckpt.settle(count.tokens, exact=count.exact))
         finally:
             heartbeat.stop()
         if lost.is_set():
             result.lost = heartbeat.lost or LeaseLost("lease lost", job_id=ckpt.lease.job_id)
-        return result
+        return result, count
 
     def _stream(
-        self,
-        client: ProviderClient,
-        plan: RequestPlan,
-        splicer: Splicer,
-        ckpt: Checkpointer,
-        *,
-        lost: threading.Event,
-        opened: list[ProviderStream],
+        self, call: _Call, *, lost: threading.Event, opened: list[ProviderStream]
     ) -> StreamResult:
         try:
-            stream = client.open(plan)
+            stream = call.client.open(call.plan)
         except RetryableProviderError as exc:
             return StreamResult(
                 Cut(kind="retryable", retry_after_s=exc.retry_after, detail=str(exc))
@@ -241,11 +273,7 @@ class AttemptRunner:
                 for event in stream:
                     if lost.is_set():
                         return result
-                    if isinstance(event, TextDelta):
-                        result.received.append(event.text)
-                        ckpt.add(splicer.feed(event.text), event.tokens, exact=event.exact)
-                    else:
-                        result.usage = event
+                    self._take(event, result, call.splicer, call.ckpt)
             except StreamCut as exc:
                 kind = "stall" if isinstance(exc, Stalled) else "stream_cut"
                 result.cut = Cut(
@@ -258,37 +286,101 @@ class AttemptRunner:
         result.cut = Cut(kind="finished", finish_reason=stream.finish_reason)
         return result
 
+    @staticmethod
+    def _take(
+        event: StreamEvent, result: StreamResult, splicer: Splicer, ckpt: Checkpointer
+    ) -> None:
+        """One stream event into the splice, the checkpoint and the tally."""
+        tally = result.tally
+        if isinstance(event, Usage):
+            result.usage = event
+            return
+        tally.exact = tally.exact and event.exact
+        if isinstance(event, TextDelta):
+            result.received.append(event.text)
+            ckpt.add(
+                splicer.feed(event.text, event.tokens), splicer.take_tokens(), exact=event.exact
+            )
+            return
+        size = len(event.text.encode("utf-8"))
+        if event.kind == "reasoning":
+            result.reasoning.append(event.text)
+            tally.reasoning_chunks += 1
+            tally.reasoning_bytes += size
+            tally.reasoning_tokens += event.tokens
+        else:
+            tally.other_chunks += bool(event.text)
+            tally.other_bytes += size
+            tally.other_tokens += event.tokens
+        ckpt.add("", event.tokens, exact=event.exact)
+
     # -- counting and the last flush -----------------------------------------------------
 
-    def _exact_total(
-        self,
-        result: StreamResult,
-        client: ProviderClient,
-        profile: ProviderProfile,
-        record: JobRecord,
-        ckpt: Checkpointer,
-    ) -> tuple[int | None, CountSource]:
-        """This attempt's exact output count, where the provider tells it."""
-        if ckpt.exact and ckpt.flushed_tokens + ckpt.pending_tokens > 0:
-            return None, "usage"  # every delta was counted exactly (continuous usage)
-        reported = result.usage.output_tokens
-        if result.cut.kind == "finished" and reported is not None:
-            return reported, "usage"
-        if profile.counting == "tokenizer" and result.received:
+    def _count(self, call: _Call, result: StreamResult) -> Count:
+        """This attempt's output tokens (:mod:`resumeq.counting`), asking the counting
+        endpoint where the profile says and nothing better is known."""
+        record, profile, ckpt = call.record, call.profile, call.ckpt
+        seam = call.splicer.report
+        generated = "".join(result.received)[seam.echo_dropped :]
+        tally = result.tally
+        tally.text_chunks = len(result.received) - seam.echo_pieces
+        tally.text_bytes = len(generated.encode("utf-8"))
+        tally.tokens = ckpt.flushed_tokens + ckpt.pending_tokens
+        usage = result.usage
+
+        def counted(by_text: int | None = None, by_reasoning: int | None = None) -> Count:
+            return settle(
+                tally,
+                finished=result.cut.kind == "finished",
+                reported=usage.output_tokens,
+                reported_reasoning=usage.reasoning_tokens,
+                tokenizer_text=by_text,
+                tokenizer_reasoning=by_reasoning,
+                bytes_per_token=profile.bytes_per_token,
+            )
+
+        count = counted()
+        reasoning = "".join(result.reasoning)
+        if (
+            count.source == "estimate"
+            and profile.counts_with_tokenizer
+            and (generated or reasoning)
+        ):
             try:
-                text = "".join(result.received)
-                counted = client.count_text_tokens(text, model=record.spec.model)
+                timeout = self._count_timeout(ckpt, profile)
+                model = record.spec.model
+                by_text = call.client.count_text_tokens(generated, model=model, timeout_s=timeout)
+                by_reasoning = (
+                    call.client.count_text_tokens(reasoning, model=model, timeout_s=timeout)
+                    if reasoning
+                    else None
+                )
             except ProviderError as exc:
                 log.warning("job %s: counting endpoint failed: %s", record.id, exc)
+                count = replace(count, refused=(*count.refused, f"the counting endpoint: {exc}"))
             else:
-                return counted, "tokenizer"
-        if not result.received and reported is None:
-            return 0, "chunks"  # nothing arrived: zero is exact
-        return None, "chunks"
+                count = counted(by_text, by_reasoning)
+        for why in count.refused:
+            log.warning(
+                "job %s attempt %d: not believed, %s; the count stays an estimate",
+                record.id,
+                record.attempt,
+                why,
+            )
+        return count
 
-    def _final_flush(self, ckpt: Checkpointer, exact_total: int | None) -> None:
-        while not ckpt.flush(exact_total=exact_total):
-            time.sleep(_RETRY_PAUSE_S)  # Redis unreachable: ckpt raises once the lease is gone
+    def _count_timeout(self, ckpt: Checkpointer, profile: ProviderProfile) -> float:
+        """A counting request may take no longer than the lease has left (less a margin for
+        the writes after it), nor than the stall timeout."""
+        ttl_s = ckpt.lease.ttl_ms / 1000.0
+        left = ttl_s - (time.monotonic() - ckpt.lease_confirmed) - ttl_s / 3
+        if left <= 0:
+            raise ProviderUnavailable("no lease time left to count in")
+        return min(profile.stall_timeout_s, left)
+
+    def _until_written(self, write: Callable[[], bool]) -> None:
+        while not write():
+            time.sleep(_RETRY_PAUSE_S)  # Redis unreachable: the write raises once the lease is gone
 
     # -- the ledger ----------------------------------------------------------------------
 
@@ -302,7 +394,8 @@ class AttemptRunner:
         plan: RequestPlan | None = None,
         usage: Usage | None = None,
         ckpt: Checkpointer | None = None,
-        source: CountSource = "chunks",
+        count: Count | None = None,
+        seam: SpliceReport | None = None,
     ) -> AttemptRecord:
         usage = usage or Usage()
         return AttemptRecord(
@@ -321,12 +414,16 @@ class AttemptRunner:
             input_tokens=usage.input_tokens,
             cached_input_tokens=usage.cached_input_tokens,
             cache_creation_input_tokens=usage.cache_creation_input_tokens,
-            output_tokens=_reported_output(cut, usage, ckpt),
+            output_tokens=count.tokens if count and count.source == "usage" else None,
             output_tokens_persisted=ckpt.flushed_tokens if ckpt else 0,
+            reasoning_tokens=count.reasoning_tokens if count else None,
             chars_persisted=ckpt.flushed_chars if ckpt else 0,
             bytes_persisted=ckpt.flushed_bytes if ckpt else 0,
-            count_source=source,
-            counts_exact=bool(ckpt and ckpt.exact),
+            count_source=count.source if count else "usage",
+            counts_exact=count.exact if count else True,
+            count_refused="; ".join(count.refused)[:500] or None if count else None,
+            echo_chars=seam.echo_dropped if seam else 0,
+            overlap_chars=seam.overlap_dropped if seam else 0,
         )
 
 
@@ -340,13 +437,3 @@ def _view(record: JobRecord) -> JobView:
         spill_count=record.spill_count,
         exit=record.spec.exit,
     )
-
-
-def _reported_output(cut: Cut | None, usage: Usage, ckpt: Checkpointer | None) -> int | None:
-    """The provider's own output count for the attempt, when it is trustworthy: at the end
-    of a finished stream, or cumulative in every chunk (continuous usage)."""
-    if usage.output_tokens is None or cut is None:
-        return None
-    if cut.kind == "finished" or (ckpt is not None and ckpt.exact and ckpt.flushes > 0):
-        return usage.output_tokens
-    return None

@@ -73,15 +73,44 @@ def test_flushes_after_flush_ms_whichever_first(real_store: Store) -> None:
     assert not real_store.get(got.lease.job_id).counts_exact
 
 
-def test_an_exact_total_corrects_the_estimates(real_store: Store) -> None:
+def test_settling_raises_the_lower_bound_to_the_total(real_store: Store) -> None:
     got = started(real_store)
     ck = Checkpointer(real_store, got.lease, revision=1, flush_tokens=2, flush_ms=250)
     for piece in ("one ", "two ", "three "):
         ck.add(piece, 1, exact=False)
-    ck.flush(exact_total=5)
+    assert not real_store.get(got.lease.job_id).counts_exact  # flushed, counted by chunk
+    ck.settle(5, exact=True)
     record = real_store.get(got.lease.job_id)
     assert record.spent_output_tokens == 5 and record.counts_exact
     assert real_store.text(record.id) == "one two three "
+
+
+def test_settling_on_the_count_already_flushed_relabels_it(real_store: Store) -> None:
+    got = started(real_store)
+    ck = Checkpointer(real_store, got.lease, revision=1, flush_tokens=1, flush_ms=250)
+    ck.add("one", 1, exact=False)
+    assert ck.flushes == 1 and not real_store.get(got.lease.job_id).counts_exact
+    ck.settle(1, exact=True)
+    record = real_store.get(got.lease.job_id)
+    assert record.spent_output_tokens == 1 and record.counts_exact and record.revision == 3
+
+
+def test_the_cursor_never_goes_down(real_store: Store) -> None:
+    got = started(real_store)
+    ck = Checkpointer(real_store, got.lease, revision=1, flush_tokens=1, flush_ms=250)
+    ck.add("one two", 2, exact=False)
+    with pytest.raises(ValueError, match="below"):
+        ck.settle(1, exact=True)
+    with pytest.raises(ValueError, match="never lowers"):
+        real_store.flush(got.lease, expected_revision=2, delta="", tokens=-1)
+    # The script refuses it too, whoever calls it, and writes nothing.
+    job = got.record.id
+    job_keys = [keys.job(job), keys.text(job), keys.lease(job), keys.events(job), keys.LEASES]
+    status, *_ = real_store._run("flush", job_keys, [got.lease.token, 2, "x", -1, "1", 0], job)
+    assert status == "bad_argument"
+    record = real_store.get(job)
+    assert record.spent_output_tokens == 2 and record.revision == 2
+    assert real_store.text(job) == "one two"
 
 
 def test_redis_down_keeps_the_delta_then_writes_it(redis_client: Any) -> None:
@@ -150,10 +179,10 @@ def test_heartbeat_renews_and_reports_a_cancel(real_store: Store) -> None:
         st.tuples(st.text(max_size=6), st.integers(0, 3), st.sampled_from(["ok", "down", "lose"])),
         max_size=20,
     ),
-    exact_total=st.none() | st.integers(0, 80),
+    extra=st.none() | st.integers(0, 80),
 )
 def test_faults_never_lose_or_double_a_delta(
-    redis_client: Any, steps: list[tuple[str, int, str]], exact_total: int | None
+    redis_client: Any, steps: list[tuple[str, int, str]], extra: int | None
 ) -> None:
     store = FlakyStore(redis_client)
     got = started(store)
@@ -163,10 +192,11 @@ def test_faults_never_lose_or_double_a_delta(
         store.lose_reply = int(fault == "lose")
         ck.add(text, tokens, exact=False)
     store.down = store.lose_reply = 0
-    assert ck.flush(exact_total=exact_total)
+    counted = sum(n for _, n, _ in steps)
+    want = counted + (extra or 0)
+    assert ck.settle(want, exact=True) if extra is not None else ck.flush()
     record = store.get(got.lease.job_id)
     assert store.text(record.id) == "".join(t for t, _, _ in steps)
-    want = exact_total if exact_total is not None else sum(n for _, n, _ in steps)
     assert record.spent_output_tokens == ck.flushed_tokens == want
 
 

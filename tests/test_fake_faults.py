@@ -439,6 +439,10 @@ def test_admin_config_canonical_and_unknown_routes(fake: FakeProvider, http: htt
     assert http.post("/_fake/config", json={"completion_tokens": 12}).json() == {
         "completion_tokens": 12,
         "token_delay_ms": 0.0,
+        "engine": "vllm",
+        "prefill_echo": False,
+        "continuous_usage": True,
+        "tokenize": "vllm",
     }
     try:
         canonical = http.post("/_fake/canonical", json={"messages": MESSAGES}).json()

@@ -96,12 +96,15 @@ def test_cut_then_continue_gives_the_canonical_text(
     deltas, error, _ = drain(client, SPEC, "", SPEC.budget_tokens)
     assert isinstance(error, Disconnected)
     prefix = "".join(d.text for d in deltas)
-    spent = sum(d.tokens for d in deltas)
-    assert len(deltas) == 37 and want.startswith(prefix)
+    spent = count_tokens(prefix)
+    assert spent == 37 and want.startswith(prefix)
+    # The OpenAI wire streams a token per chunk; Anthropic's deltas carry one or several.
+    assert len(deltas) == 37 if kind == "openai" else len(deltas) < 37
+    assert sum(d.tokens for d in deltas) == len(deltas)  # one per chunk: a lower bound
 
     remaining = SPEC.budget_tokens - spent
     plan = plan_request(SPEC, client.profile, prefix=prefix, remaining_tokens=remaining)
-    splicer = Splicer(prefix, trimmed=plan.trimmed)
+    splicer = Splicer(prefix, sent=plan.sent, trimmed=plan.trimmed, mode=mode)  # type: ignore[arg-type]
     text = prefix
     with client.open(plan) as stream:
         for event in stream:
@@ -246,10 +249,9 @@ def test_mid_stream_faults_are_cuts(
     fake.add_faults([fault])
     deltas, raised, _stream = drain(client, SPEC, "", 2000)
     assert type(raised) is error
-    assert (
-        "".join(d.text for d in deltas) == canonical(fake)[: len("".join(d.text for d in deltas))]
-    )
-    assert len(deltas) == 5
+    received = "".join(d.text for d in deltas)
+    assert received == canonical(fake)[: len(received)]
+    assert count_tokens(received) == 5
     if kind == "anthropic" and error is InBandError:
         assert raised.error_type == "overloaded_error"
 
@@ -263,7 +265,7 @@ def test_a_stall_is_detected_within_the_stall_timeout(
     fake.add_faults([{"kind": "stall", "after_tokens": 3, "seconds": 6}])
     t0 = time.monotonic()
     deltas, raised, _ = drain(client, SPEC, "", 2000)
-    assert isinstance(raised, Stalled) and len(deltas) == 3
+    assert isinstance(raised, Stalled) and count_tokens("".join(d.text for d in deltas)) == 3
     assert time.monotonic() - t0 < 1.0 + 1.0
 
 

@@ -7,12 +7,19 @@ from typing import Any
 
 from resumeq.fake.chaos import Chaos, ChaosConfig
 from resumeq.fake.conversation import InvalidRequest, conversation_of
-from resumeq.fake.plan import canonical
+from resumeq.fake.engine import KEYS
+from resumeq.fake.plan import canonical_for, reasoning_tokens
 from resumeq.fake.state import FakeState
 from resumeq.fake.wire import positive_int
 
 
 def configure(state: FakeState, body: Mapping[str, Any]) -> None:
+    """Apply ``body``'s keys; the engine's (``engine`` and the keys it presets) together."""
+    if any(key in body for key in KEYS):
+        try:
+            state.engine = state.engine.configure(**{key: body.get(key) for key in KEYS})
+        except ValueError as exc:  # pydantic's ValidationError is one
+            raise InvalidRequest(str(exc)) from exc
     if "completion_tokens" in body:
         state.completion_tokens = positive_int(body, "completion_tokens")
     if "token_delay_ms" in body:
@@ -29,5 +36,14 @@ def canonical_of(state: FakeState, body: Any) -> dict[str, Any]:
     if not isinstance(body, Mapping):
         raise InvalidRequest("expected {'messages': [...], 'system': ...}")
     conversation = conversation_of(body.get("messages"), body.get("system"))
-    target = canonical(conversation.seed(), state.completion_tokens)
-    return {"text": target.text, "tokens": list(target.tokens), "count": len(target.tokens)}
+    target = canonical_for(conversation, state.completion_tokens)
+    markers = conversation.markers()
+    reasoning = reasoning_tokens(conversation.seed(), markers.reasoning)
+    return {
+        "text": target.text,
+        "tokens": list(target.tokens),
+        "count": len(target.tokens),
+        "genre": markers.genre,
+        "reasoning": "".join(reasoning),
+        "reasoning_count": len(reasoning),
+    }

@@ -1,25 +1,32 @@
 """Anthropic Messages (``POST /v1/messages`` and ``/v1/messages/count_tokens``).
 
 Streams are ``event: NAME`` / ``data: {json}`` pairs: ``message_start`` (usage with
-``output_tokens: 1``, as the real API sends), ``content_block_start``, ``ping``, one
-``content_block_delta`` (``text_delta``) per token, ``content_block_stop``, ``message_delta``
-(``stop_reason`` and cumulative usage), ``message_stop``. ``input_tokens`` excludes the cached
-parts, as on the real API. A prefill continues the final assistant message, which must not end
-in white space; the response text holds only the continuation.
+``output_tokens: 1``, as the real API sends), ``content_block_start``, ``ping``,
+``content_block_delta`` events (``text_delta``) of 1 to 4 tokens each, as the real API groups
+them (how many is drawn from the conversation's seed and the position), ``content_block_stop``,
+``message_delta`` (``stop_reason`` and cumulative usage), ``message_stop``. Reasoning comes
+first, as a ``thinking`` block (``thinking_delta`` events, then a ``signature_delta``), and
+the text block is then index 1; ``output_tokens`` counts thinking too. ``input_tokens``
+excludes the cached parts, as on the real API. A prefill continues the final assistant
+message, which must not end in white space; the response text holds only the continuation.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
 from resumeq.fake.conversation import Conversation, InvalidRequest, conversation_of
-from resumeq.fake.plan import Finish
+from resumeq.fake.plan import Finish, Part
 from resumeq.fake.prompt import PromptCache, layout
+from resumeq.fake.text import draw
 from resumeq.fake.wire import (
     ErrorReply,
     Generation,
     InputUsage,
+    Output,
     dumps,
     model_of,
     new_id,
@@ -40,6 +47,9 @@ _ERRORS: dict[int, tuple[str, str]] = {
     504: ("timeout_error", "Request timed out"),
     529: ("overloaded_error", "Overloaded"),
 }
+
+MAX_GROUP = 4
+_GROUP_SALT = 0x6772_6F75_7073
 
 OVERLOADED = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
 
@@ -62,10 +72,17 @@ def _event(name: str, data: str) -> bytes:
     return f"event: {name}\ndata: {data}\n\n".encode()
 
 
+def signature(seed: bytes) -> str:
+    """The thinking block's signature: opaque, as the real one is to a client."""
+    return base64.b64encode(hashlib.sha512(b"signature\x00" + seed).digest()).decode()
+
+
 class AnthropicStream:
     def __init__(self, request: Generation, usage: InputUsage) -> None:
         self._request = request
         self._usage = usage
+        self._seed = request.conversation.seed()
+        self._blocks = 0  # content blocks started; the open one is the last
 
     def opening(self) -> list[bytes]:
         message: dict[str, Any] = {
@@ -78,31 +95,49 @@ class AnthropicStream:
             "stop_sequence": None,
             "usage": usage_json(self._usage, 1),
         }
-        block = {
-            "type": "content_block_start",
-            "index": 0,
-            "content_block": {"type": "text", "text": ""},
-        }
-        return [
-            _event("message_start", dumps({"type": "message_start", "message": message})),
-            _event("content_block_start", dumps(block)),
-            _event("ping", '{"type":"ping"}'),
-        ]
+        return [_event("message_start", dumps({"type": "message_start", "message": message}))]
 
-    def piece(self, text: str, emitted: int) -> bytes:
-        delta = '{"type":"text_delta","text":' + dumps(text) + "}"
-        return _event(
-            "content_block_delta", f'{{"type":"content_block_delta","index":0,"delta":{delta}}}'
+    def group(self, part: Part, emitted: int) -> int:
+        return 1 + draw(self._seed, _GROUP_SALT, emitted) % MAX_GROUP
+
+    def start(self, part: Part) -> list[bytes]:
+        block = (
+            {"type": "thinking", "thinking": ""}
+            if part == "reasoning"
+            else {"type": "text", "text": ""}
         )
+        start = {"type": "content_block_start", "index": self._blocks, "content_block": block}
+        events = [_event("content_block_start", dumps(start))]
+        if self._blocks == 0:
+            events.append(_event("ping", '{"type":"ping"}'))
+        self._blocks += 1
+        return events
 
-    def closing(self, finish: Finish, emitted: int) -> list[bytes]:
+    def _delta(self, delta: dict[str, str]) -> bytes:
+        index = max(self._blocks - 1, 0)
+        body = {"type": "content_block_delta", "index": index, "delta": delta}
+        return _event("content_block_delta", dumps(body))
+
+    def delta(self, part: Part, text: str, emitted: int) -> bytes:
+        if part == "reasoning":
+            return self._delta({"type": "thinking_delta", "thinking": text})
+        return self._delta({"type": "text_delta", "text": text})
+
+    def stop(self, part: Part) -> list[bytes]:
+        stop = {"type": "content_block_stop", "index": self._blocks - 1}
+        events = [_event("content_block_stop", dumps(stop))]
+        if part == "reasoning":
+            sign = {"type": "signature_delta", "signature": signature(self._seed)}
+            events.insert(0, self._delta(sign))
+        return events
+
+    def closing(self, finish: Finish, emitted: int, reasoning: int) -> list[bytes]:
         delta = {
             "type": "message_delta",
             "delta": {"stop_reason": STOP_REASONS[finish], "stop_sequence": None},
             "usage": usage_json(self._usage, emitted),
         }
         return [
-            _event("content_block_stop", '{"type":"content_block_stop","index":0}'),
             _event("message_delta", dumps(delta)),
             _event("message_stop", '{"type":"message_stop"}'),
         ]
@@ -111,7 +146,7 @@ class AnthropicStream:
         return [_event("error", dumps(OVERLOADED))]
 
     def malformed(self) -> bytes:
-        whole = self.piece(" interrupted", 0).rstrip(b"\n")
+        whole = self._delta({"type": "text_delta", "text": " interrupted"}).rstrip(b"\n")
         return whole[: len(whole) - 12] + b"\n\n"
 
 
@@ -161,17 +196,23 @@ class AnthropicWire:
         return AnthropicStream(request, usage)
 
     def body(
-        self, request: Generation, text: str, emitted: int, finish: Finish | None, usage: InputUsage
+        self, request: Generation, output: Output, finish: Finish | None, usage: InputUsage
     ) -> dict[str, Any]:
+        content: list[dict[str, Any]] = []
+        if output.reasoning:
+            sign = signature(request.conversation.seed())
+            content.append({"type": "thinking", "thinking": output.reasoning, "signature": sign})
+        if output.text or not output.reasoning:
+            content.append({"type": "text", "text": output.text})
         return {
             "id": new_id("msg_"),
             "type": "message",
             "role": "assistant",
             "model": request.model,
-            "content": [{"type": "text", "text": text}],
+            "content": content,
             "stop_reason": STOP_REASONS[finish] if finish is not None else None,
             "stop_sequence": None,
-            "usage": usage_json(usage, emitted),
+            "usage": usage_json(usage, output.tokens),
         }
 
     def error(

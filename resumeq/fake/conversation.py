@@ -12,6 +12,7 @@ from typing import Literal
 # The instruction form wraps the unfinished tail in these markers (the exact text between
 # them is the tail): the fake follows the instruction resumeq's client writes.
 from resumeq.continuation import PARTIAL_CLOSE, PARTIAL_OPEN
+from resumeq.fake.markers import Markers, markers_of
 
 ContinueMode = Literal["prefill", "prefill_flag", "continue_final_message", "instruction"]
 
@@ -54,9 +55,10 @@ class Conversation:
 
     messages: tuple[Message, ...]
 
-    def seed(self) -> bytes:
-        """What the canonical text depends on: the system text and the last original user
-        message. The model name, earlier turns and any continuation do not change it."""
+    def source(self) -> tuple[str, str]:
+        """The system text and the last original user message: all the canonical text (and
+        the markers that shape it) depends on. The model name, earlier turns and any
+        continuation do not change it."""
         system = "\n".join(m.text for m in self.messages if m.role == "system")
         users = [m.text for m in self.messages if m.role == "user" and PARTIAL_OPEN not in m.text]
         if not users:
@@ -65,8 +67,18 @@ class Conversation:
                 "send the original request as its own user message before it)",
                 param="messages",
             )
-        payload = json.dumps([system, users[-1]], ensure_ascii=False).encode("utf-8")
+        return system, users[-1]
+
+    def seed(self) -> bytes:
+        payload = json.dumps(list(self.source()), ensure_ascii=False).encode("utf-8")
         return hashlib.sha256(payload).digest()
+
+    def markers(self) -> Markers:
+        system, user = self.source()
+        try:
+            return markers_of(user, system)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="messages") from exc
 
     def continuation(self, *, continue_final_message: bool = False) -> Continuation | None:
         last = self.messages[-1]

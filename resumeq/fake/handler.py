@@ -19,6 +19,7 @@ from resumeq.fake.anthropic_wire import AnthropicWire
 from resumeq.fake.conversation import InvalidRequest
 from resumeq.fake.faults import Fault
 from resumeq.fake.journal import Exchange
+from resumeq.fake.llamacpp import llamacpp_tokenize
 from resumeq.fake.openai_wire import OpenAIWire
 from resumeq.fake.plan import Plan, plan
 from resumeq.fake.state import FakeState
@@ -28,6 +29,7 @@ from resumeq.fake.wire import (
     ErrorReply,
     Generation,
     InputUsage,
+    Output,
     Wire,
     dumps,
     retry_after_headers,
@@ -148,7 +150,8 @@ class FakeHandler(BaseHTTPRequestHandler):
         elif route == "/v1/messages/count_tokens":
             self._count(ANTHROPIC, "count_tokens", body, anthropic_wire.count_tokens)
         elif route == "/tokenize":
-            self._count(OPENAI, "tokenize", body, vllm_tokenize)
+            llamacpp = self.state.engine.tokenize == "llamacpp"
+            self._count(OPENAI, "tokenize", body, llamacpp_tokenize if llamacpp else vllm_tokenize)
         else:
             self._send_error_reply(OPENAI.error(404, f"no route POST {route}"))
 
@@ -175,7 +178,7 @@ class FakeHandler(BaseHTTPRequestHandler):
         try:
             if not isinstance(body, Mapping):
                 raise InvalidRequest("the request body must be a JSON object")
-            request = wire.parse(body)
+            request = state.engine.shape(wire.name, wire.parse(body))
             exchange.model, exchange.stream = request.model, request.stream
             completion = plan(
                 request.conversation,
@@ -188,11 +191,12 @@ class FakeHandler(BaseHTTPRequestHandler):
             self._send_error_reply(wire.error(400, exc.message, exc.param), exchange)
             return
         exchange.continuation = completion.journal()
+        exchange.echo_chars = len(request.echo)
         text = "\n".join(m.text for m in request.conversation.messages)
         fault, source = state.faults.take(text), "queue"
         chaos = state.chaos
         if fault is None and chaos is not None:
-            fault, source = chaos.draw(request.conversation.seed(), len(completion.pieces)), "chaos"
+            fault, source = chaos.draw(request.conversation.seed(), completion.tokens), "chaos"
         exchange.fault = {**fault.model_dump(), "source": source} if fault is not None else None
         if fault is not None and fault.kind == "status":
             exchange.outcome = "status"
@@ -230,21 +234,23 @@ class FakeHandler(BaseHTTPRequestHandler):
             self._drop()
 
     def _complete(self, call: Call) -> None:
-        wire, exchange, fault = call.wire, call.exchange, call.fault
-        pieces, finish = call.completion.pieces, call.completion.finish
+        wire, exchange, fault, completion = call.wire, call.exchange, call.fault, call.completion
+        cut = completion.tokens if fault is None else min(fault.after_tokens, completion.tokens)
+        reasoning, pieces = completion.head(cut)
+        output = Output("".join(pieces), "".join(reasoning), cut, len(reasoning))
         if fault is None:
-            body = wire.body(call.request, "".join(pieces), len(pieces), finish, call.usage)
+            body = wire.body(call.request, output, completion.finish, call.usage)
+            exchange.reasoning_pieces.extend(reasoning)
             exchange.pieces.extend(pieces)
-            exchange.outcome, exchange.finish_reason = "finished", finish
+            exchange.outcome, exchange.finish_reason = "finished", completion.finish
             exchange.status, exchange.response = 200, body
             self._send_json(200, body)
             return
-        cut = min(fault.after_tokens, len(pieces))
         exchange.outcome, exchange.output_tokens_billed = fault.kind, cut
         if fault.kind == "error_event":
             self._send_error_reply(wire.error(wire.overload_status), exchange)
         elif fault.kind in ("truncate", "malformed"):
-            body = wire.body(call.request, "".join(pieces[:cut]), cut, None, call.usage)
+            body = wire.body(call.request, output, None, call.usage)
             self._send_broken_json(dumps(body).encode(), truncate=fault.kind == "truncate")
             exchange.status = 200
         else:
@@ -270,6 +276,7 @@ class FakeHandler(BaseHTTPRequestHandler):
         config: dict[str, Any] = {
             "completion_tokens": self.state.completion_tokens,
             "token_delay_ms": self.state.token_delay_ms,
+            **self.state.engine.describe(),
         }
         if self.state.chaos is not None:  # the key appears only while chaos is on
             config["chaos"] = self.state.chaos.describe()

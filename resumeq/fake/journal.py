@@ -3,11 +3,14 @@
 Admin requests (``/_fake/...``) are not journalled. An exchange is journalled when it arrives
 and updated while it streams, so a stalled stream shows what it sent so far.
 
-``output_tokens_billed`` counts every token sent, a cut stream's too; for a non-streaming
-request cut by a fault it counts the tokens generated before the fault. ``input_tokens_billed``
-is the whole prompt, cached part included (OpenAI ``prompt_tokens``; Anthropic
-``input_tokens + cache_read_input_tokens + cache_creation_input_tokens``); counting endpoints
-and refused requests bill nothing. ``fault`` is the fault applied, with its ``source``:
+``tokens_emitted`` and ``output_tokens_billed`` count every output token sent, reasoning
+included (``reasoning_tokens`` of them), a cut stream's too; for a non-streaming request cut by
+a fault ``output_tokens_billed`` counts the tokens generated before the fault. ``text`` is the
+answer's text as generated; ``echo_chars`` is the length of the prefill the engine repeats in
+front of it (``prefill_echo``, sent with the first generated token), not output, not billed.
+``input_tokens_billed`` is the whole prompt, cached part included (OpenAI ``prompt_tokens``;
+Anthropic ``input_tokens + cache_read_input_tokens + cache_creation_input_tokens``); counting
+endpoints and refused requests bill nothing. ``fault`` is the fault applied, with its ``source``:
 ``queue`` (``/_fake/faults``) or ``chaos`` (the seeded random plan).
 """
 
@@ -34,6 +37,8 @@ class Exchange:
     outcome: str = "in_progress"
     finish_reason: str | None = None
     pieces: list[str] = field(default_factory=list)
+    reasoning_pieces: list[str] = field(default_factory=list)
+    echo_chars: int = 0
     output_tokens_billed: int = 0
     input_tokens_billed: int = 0
     cached_input_tokens: int = 0
@@ -42,6 +47,8 @@ class Exchange:
 
     def snapshot(self) -> dict[str, Any]:
         pieces = list(self.pieces)
+        reasoning = list(self.reasoning_pieces)
+        emitted = len(reasoning) + len(pieces)
         return {
             "seq": self.seq,
             "received_at": self.received_at,
@@ -56,9 +63,12 @@ class Exchange:
             "fault": self.fault,
             "outcome": self.outcome,
             "finish_reason": self.finish_reason,
-            "tokens_emitted": len(pieces),
+            "tokens_emitted": emitted,
             "text": "".join(pieces),
-            "output_tokens_billed": max(self.output_tokens_billed, len(pieces)),
+            "reasoning_tokens": len(reasoning),
+            "reasoning": "".join(reasoning),
+            "echo_chars": self.echo_chars,
+            "output_tokens_billed": max(self.output_tokens_billed, emitted),
             "input_tokens_billed": self.input_tokens_billed,
             "cached_input_tokens": self.cached_input_tokens,
             "cache_creation_input_tokens": self.cache_creation_input_tokens,

@@ -1,10 +1,13 @@
 """OpenAI Chat Completions (``POST /v1/chat/completions``), with the vLLM and llama.cpp extras.
 
-Streams are ``data: {chunk}`` events: a first chunk with ``delta.role``, one chunk per token,
-a chunk with ``finish_reason``, with ``include_usage`` a chunk with empty ``choices`` and the
-usage, then ``data: [DONE]``. With ``include_usage`` every other chunk has ``"usage": null``,
-or (vLLM, ``continuous_usage_stats`` too) the usage so far. The in-band error is vLLM's:
-``data: {"error": {...}}`` followed by ``data: [DONE]``.
+Streams are ``data: {chunk}`` events: a first chunk with ``delta.role``, one chunk per token
+(reasoning first, as vLLM's ``delta.reasoning_content``, then ``delta.content``), a chunk with
+``finish_reason``, with ``include_usage`` a chunk with empty ``choices`` and the usage, then
+``data: [DONE]``. With ``include_usage`` every other chunk has ``"usage": null``, or (vLLM,
+``continuous_usage_stats`` too) the usage so far. ``completion_tokens`` counts reasoning,
+``completion_tokens_details.reasoning_tokens`` says how much. The in-band error is vLLM's:
+``data: {"error": {...}}`` followed by ``data: [DONE]``. How the engine echoes a prefill is
+:mod:`resumeq.fake.engine`'s.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from resumeq.fake.conversation import InvalidRequest, conversation_of
-from resumeq.fake.plan import Finish
+from resumeq.fake.plan import Finish, Part
 from resumeq.fake.prompt import PromptCache, layout
 from resumeq.fake.wire import (
     ErrorReply,
     Generation,
     InputUsage,
+    Output,
     dumps,
     model_of,
     new_id,
@@ -39,7 +43,9 @@ _ERRORS: dict[int, tuple[str, str | None, str]] = {
 }
 
 
-def usage_json(usage: InputUsage, completion: int, *, details: bool = True) -> dict[str, Any]:
+def usage_json(
+    usage: InputUsage, completion: int, reasoning: int = 0, *, details: bool = True
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "prompt_tokens": usage.total,
         "completion_tokens": completion,
@@ -48,7 +54,7 @@ def usage_json(usage: InputUsage, completion: int, *, details: bool = True) -> d
     if details:
         body["prompt_tokens_details"] = {"cached_tokens": usage.cache_read, "audio_tokens": 0}
         body["completion_tokens_details"] = {
-            "reasoning_tokens": 0,
+            "reasoning_tokens": reasoning,
             "audio_tokens": 0,
             "accepted_prediction_tokens": 0,
             "rejected_prediction_tokens": 0,
@@ -68,6 +74,8 @@ class OpenAIStream:
         self._head = dumps(head)[:-1]
         self._request = request
         self._usage = usage
+        self._echo = request.echo
+        self._emitted = 0
 
     def _chunk(self, choices: str, emitted: int) -> bytes:
         if self._request.continuous_usage:
@@ -78,22 +86,41 @@ class OpenAIStream:
             usage = ""
         return f'data: {self._head},"choices":{choices}{usage}}}\n\n'.encode()
 
+    def _delta(self, delta: str, emitted: int) -> bytes:
+        return self._chunk(
+            f'[{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}]', emitted
+        )
+
     def opening(self) -> list[bytes]:
         delta = '{"role":"assistant","content":"","refusal":null}'
         choices = f'[{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}]'
         return [self._chunk(choices, 0)]
 
-    def piece(self, text: str, emitted: int) -> bytes:
-        delta = '{"content":' + dumps(text) + "}"
-        return self._chunk(
-            f'[{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}]', emitted
-        )
+    def group(self, part: Part, emitted: int) -> int:
+        return 1
 
-    def closing(self, finish: Finish, emitted: int) -> list[bytes]:
+    def start(self, part: Part) -> list[bytes]:
+        return []
+
+    def delta(self, part: Part, text: str, emitted: int) -> bytes:
+        self._emitted = emitted
+        if part == "reasoning":
+            return self._delta('{"reasoning_content":' + dumps(text) + "}", emitted)
+        text, self._echo = self._echo + text, ""
+        return self._delta('{"content":' + dumps(text) + "}", emitted)
+
+    def stop(self, part: Part) -> list[bytes]:
+        """An echo that found no generated token to go with goes out alone."""
+        if part != "text" or not self._echo:
+            return []
+        echo, self._echo = self._echo, ""
+        return [self._delta('{"content":' + dumps(echo) + "}", self._emitted)]
+
+    def closing(self, finish: Finish, emitted: int, reasoning: int) -> list[bytes]:
         choices = f'[{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"{finish}"}}]'
         events = [self._chunk(choices, emitted)]
         if self._request.include_usage:
-            usage = dumps(usage_json(self._usage, emitted))
+            usage = dumps(usage_json(self._usage, emitted, reasoning))
             events.append(f'data: {self._head},"choices":[],"usage":{usage}}}\n\n'.encode())
         events.append(b"data: [DONE]\n\n")
         return events
@@ -108,7 +135,7 @@ class OpenAIStream:
         return [f"data: {dumps({'error': error})}\n\n".encode(), b"data: [DONE]\n\n"]
 
     def malformed(self) -> bytes:
-        whole = self.piece(" interrupted", 0).rstrip(b"\n")
+        whole = self._delta('{"content":" interrupted"}', 0).rstrip(b"\n")
         return whole[: len(whole) // 2] + b"\n\n"
 
 
@@ -157,14 +184,16 @@ class OpenAIWire:
         return OpenAIStream(request, usage)
 
     def body(
-        self, request: Generation, text: str, emitted: int, finish: Finish | None, usage: InputUsage
+        self, request: Generation, output: Output, finish: Finish | None, usage: InputUsage
     ) -> dict[str, Any]:
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": text,
+            "content": request.echo + output.text,
             "refusal": None,
             "annotations": [],
         }
+        if output.reasoning:
+            message["reasoning_content"] = output.reasoning
         return {
             "id": new_id("chatcmpl-"),
             "object": "chat.completion",
@@ -173,7 +202,7 @@ class OpenAIWire:
             "choices": [
                 {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             ],
-            "usage": usage_json(usage, emitted),
+            "usage": usage_json(usage, output.tokens, output.reasoning_tokens),
             "service_tier": "default",
             "system_fingerprint": FINGERPRINT,
         }

@@ -11,14 +11,19 @@ from typing import Any, Self
 
 from resumeq.fake.chaos import Chaos, ChaosConfig
 from resumeq.fake.conversation import conversation_of
+from resumeq.fake.engine import Engine, EngineName, TokenizeFormat
 from resumeq.fake.faults import Fault
 from resumeq.fake.handler import FakeHTTPServer
-from resumeq.fake.plan import canonical
+from resumeq.fake.plan import canonical_for, reasoning_tokens
 from resumeq.fake.state import FakeState
 
 
 class FakeProvider:
-    """A loopback HTTP server speaking the OpenAI and Anthropic wires (SPEC §14, §15)."""
+    """A loopback HTTP server speaking the OpenAI and Anthropic wires (SPEC §14, §15).
+
+    ``engine`` (``"vllm"``, the default, or ``"llamacpp"``) presets how the OpenAI wire and
+    ``/tokenize`` behave; ``prefill_echo``, ``continuous_usage`` and ``tokenize`` override
+    the preset (:mod:`resumeq.fake.engine`)."""
 
     def __init__(
         self,
@@ -26,6 +31,11 @@ class FakeProvider:
         port: int = 0,
         completion_tokens: int | None = None,
         token_delay_ms: float = 0.0,
+        *,
+        engine: EngineName | None = None,
+        prefill_echo: bool | None = None,
+        continuous_usage: bool | None = None,
+        tokenize: TokenizeFormat | None = None,
     ) -> None:
         if completion_tokens is not None and completion_tokens < 1:
             raise ValueError("completion_tokens must be at least 1")
@@ -34,6 +44,12 @@ class FakeProvider:
         self.host = host
         self._requested_port = port
         self.state = FakeState(completion_tokens=completion_tokens, token_delay_ms=token_delay_ms)
+        self.configure_engine(
+            engine,
+            prefill_echo=prefill_echo,
+            continuous_usage=continuous_usage,
+            tokenize=tokenize,
+        )
         self._server: FakeHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -117,6 +133,25 @@ class FakeProvider:
     def token_delay_ms(self, value: float) -> None:
         self.state.token_delay_ms = value
 
+    @property
+    def engine(self) -> Engine:
+        return self.state.engine
+
+    def configure_engine(
+        self,
+        engine: EngineName | None = None,
+        *,
+        prefill_echo: bool | None = None,
+        continuous_usage: bool | None = None,
+        tokenize: TokenizeFormat | None = None,
+    ) -> Self:
+        """Switch to the preset ``engine`` (None: keep the current behaviour), then apply the
+        keys given. :meth:`reset` leaves the engine as it is."""
+        self.state.engine = self.state.engine.configure(
+            engine, prefill_echo=prefill_echo, continuous_usage=continuous_usage, tokenize=tokenize
+        )
+        return self
+
     def add_faults(self, faults: Iterable[Fault | Mapping[str, Any]]) -> list[Fault]:
         return self.state.faults.add(faults)
 
@@ -155,13 +190,19 @@ class FakeProvider:
     def canonical_tokens(self, messages: Sequence[Any], system: Any = None) -> list[str]:
         """The canonical completion of a conversation, token by token. ``messages`` as either
         wire spells them (system messages inline, or Anthropic's top-level ``system``)."""
-        seed = conversation_of(messages, system).seed()
-        return list(canonical(seed, self.state.completion_tokens).tokens)
+        conversation = conversation_of(messages, system)
+        return list(canonical_for(conversation, self.state.completion_tokens).tokens)
 
     def canonical_text(self, messages: Sequence[Any], system: Any = None) -> str:
         """What a request with no fault and a large ``max_tokens`` returns."""
-        seed = conversation_of(messages, system).seed()
-        return canonical(seed, self.state.completion_tokens).text
+        conversation = conversation_of(messages, system)
+        return canonical_for(conversation, self.state.completion_tokens).text
+
+    def canonical_reasoning(self, messages: Sequence[Any], system: Any = None) -> list[str]:
+        """The reasoning tokens a request without a continuation sends before the text
+        (``[fake:reasoning=N]``; none without it)."""
+        conversation = conversation_of(messages, system)
+        return list(reasoning_tokens(conversation.seed(), conversation.markers().reasoning))
 
 
 def serve(
@@ -169,6 +210,11 @@ def serve(
     port: int = 8000,
     completion_tokens: int | None = None,
     token_delay_ms: float = 0.0,
+    *,
+    engine: EngineName | None = None,
+    prefill_echo: bool | None = None,
+    continuous_usage: bool | None = None,
+    tokenize: TokenizeFormat | None = None,
 ) -> None:
     """Serve in the foreground until SIGINT or SIGTERM (``resumeq fake-provider``)."""
     done = threading.Event()
@@ -178,7 +224,17 @@ def serve(
 
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with FakeProvider(host, port, completion_tokens, token_delay_ms) as fake:
+        fake = FakeProvider(
+            host,
+            port,
+            completion_tokens,
+            token_delay_ms,
+            engine=engine,
+            prefill_echo=prefill_echo,
+            continuous_usage=continuous_usage,
+            tokenize=tokenize,
+        )
+        with fake:
             print(
                 f"resumeq fake provider on {fake.url} "
                 f"(OpenAI base_url {fake.openai_base_url}, Anthropic base_url "

@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass, field
 
 from resumeq.fake.chaos import Chaos
+from resumeq.fake.engine import Engine
 from resumeq.fake.faults import FaultQueue
 from resumeq.fake.journal import Journal
 from resumeq.fake.prompt import PromptCache
@@ -15,6 +16,7 @@ from resumeq.fake.prompt import PromptCache
 class FakeState:
     completion_tokens: int | None = None
     token_delay_ms: float = 0.0
+    engine: Engine = field(default_factory=Engine)
     faults: FaultQueue = field(default_factory=FaultQueue)
     journal: Journal = field(default_factory=Journal)
     cache: PromptCache = field(default_factory=PromptCache)

@@ -1,4 +1,9 @@
-"""Sending a streamed completion, one SSE event per HTTP chunk, and applying stream faults."""
+"""Sending a streamed completion, one SSE event per HTTP chunk, and applying stream faults.
+
+Each part of the output (reasoning, then text) is opened, sent as deltas of as many tokens
+as the wire groups together, and closed. A fault fires once its number of tokens is out,
+reasoning and text counted together, before anything else is sent (a group is cut short).
+"""
 
 from __future__ import annotations
 
@@ -11,17 +16,26 @@ from typing import Protocol
 
 from resumeq.fake.faults import Fault
 from resumeq.fake.journal import Exchange
-from resumeq.fake.plan import Finish, Plan
+from resumeq.fake.plan import Finish, Part, Plan
 
 
 class StreamFormat(Protocol):
-    """The events of one wire, already framed as SSE (``...\\n\\n``)."""
+    """The events of one wire, already framed as SSE (``...\\n\\n``). ``emitted`` counts
+    every output token sent so far, reasoning included."""
 
     def opening(self) -> list[bytes]: ...
 
-    def piece(self, text: str, emitted: int) -> bytes: ...
+    def group(self, part: Part, emitted: int) -> int:
+        """How many tokens the delta after ``emitted`` tokens carries (at least 1)."""
+        ...
 
-    def closing(self, finish: Finish, emitted: int) -> list[bytes]: ...
+    def start(self, part: Part) -> list[bytes]: ...
+
+    def delta(self, part: Part, text: str, emitted: int) -> bytes: ...
+
+    def stop(self, part: Part) -> list[bytes]: ...
+
+    def closing(self, finish: Finish, emitted: int, reasoning: int) -> list[bytes]: ...
 
     def error(self) -> list[bytes]: ...
 
@@ -64,22 +78,34 @@ def send_stream(
     pacing: Pacing,
 ) -> bool:
     """Stream the completion's pieces; return True when the connection may be kept alive."""
-    pieces = completion.pieces
-    cut_at = min(fault.after_tokens, len(pieces)) if fault is not None else -1
+    cut_at = min(fault.after_tokens, completion.tokens) if fault is not None else -1
+    emitted = 0
     for data in fmt.opening():
         sink.event(data)
-    for index, piece in enumerate(pieces):
-        if index == cut_at:
-            break
-        if pacing.delay_s and index and pacing.stopped.wait(pacing.delay_s):
-            exchange.outcome = "server_stopped"
-            sink.cut()
-            return False
-        sink.event(fmt.piece(piece, index + 1))
-        exchange.pieces.append(piece)
-    if fault is not None:
-        return _apply(sink, fmt, fault, exchange, pacing)
-    for data in fmt.closing(completion.finish, len(pieces)):
+    for part, pieces in completion.parts():
+        journal = exchange.reasoning_pieces if part == "reasoning" else exchange.pieces
+        for data in fmt.start(part):
+            sink.event(data)
+        sent = 0
+        while sent < len(pieces) and emitted != cut_at:
+            size = min(fmt.group(part, emitted), len(pieces) - sent)
+            if cut_at >= 0:
+                size = min(size, cut_at - emitted)
+            # The pause is per token; none before the first.
+            pause = pacing.delay_s * (size - 1 if emitted == 0 else size)
+            if pause and pacing.stopped.wait(pause):
+                exchange.outcome = "server_stopped"
+                sink.cut()
+                return False
+            group = pieces[sent : sent + size]
+            sink.event(fmt.delta(part, "".join(group), emitted + size))
+            journal.extend(group)
+            sent, emitted = sent + size, emitted + size
+        if emitted == cut_at and fault is not None:
+            return _apply(sink, fmt, fault, exchange, pacing)
+        for data in fmt.stop(part):
+            sink.event(data)
+    for data in fmt.closing(completion.finish, emitted, len(completion.reasoning)):
         sink.event(data)
     sink.end()
     exchange.outcome = "finished"

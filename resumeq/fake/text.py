@@ -1,4 +1,5 @@
-"""The fake provider's deterministic text: vocabulary, tokenizer and canonical completions.
+"""The fake provider's deterministic text: vocabulary, tokenizer and canonical prose (the genre
+without a marker; the others are :mod:`resumeq.fake.genres`).
 
 Every canonical token is one piece the tokenizer also produces when it splits the canonical
 text (a word with its leading space, a capitalised word at the start of a paragraph, ``,``,
@@ -29,7 +30,8 @@ _VOWELS = ("a", "e", "i", "o", "u", "ai", "ea", "io", "ou", "y")
 _CODAS = ("", "", "", "n", "r", "s", "l", "m", "nd", "st", "rk", "ng")
 
 
-def _draw(seed: bytes, *parts: int) -> int:
+def draw(seed: bytes, *parts: int) -> int:
+    """64 bits from the seed and the parts, the same on every run and Python version."""
     digest = hashlib.blake2b(seed, digest_size=8)
     for part in parts:
         digest.update(part.to_bytes(8, "little", signed=False))
@@ -40,7 +42,7 @@ def _build_vocabulary() -> tuple[str, ...]:
     words: dict[str, None] = {}
     attempt = 0
     while len(words) < VOCABULARY_SIZE:
-        value = _draw(b"resumeq-fake-vocabulary", attempt)
+        value = draw(b"resumeq-fake-vocabulary", attempt)
         attempt += 1
         syllables = 1 + value % 3
         value //= 3
@@ -76,7 +78,7 @@ def token_id(token: str) -> int:
 def default_length(seed: bytes) -> int:
     """The canonical length when none is configured: 200 to 400 tokens, from the seed."""
     span = MAX_DEFAULT_TOKENS - MIN_DEFAULT_TOKENS + 1
-    return MIN_DEFAULT_TOKENS + _draw(seed, 0xFFFF_FFFF) % span
+    return MIN_DEFAULT_TOKENS + draw(seed, 0xFFFF_FFFF) % span
 
 
 class _Generator:
@@ -97,14 +99,14 @@ class _Generator:
 
     def _new_sentence(self) -> None:
         self.words_in_sentence = 0
-        self.sentence_target = 6 + _draw(self.seed, len(self.tokens), 1) % 12
+        self.sentence_target = 6 + draw(self.seed, len(self.tokens), 1) % 12
 
     def _new_paragraph(self) -> None:
         self.sentences_in_paragraph = 0
-        self.paragraph_target = 2 + _draw(self.seed, len(self.tokens), 2) % 3
+        self.paragraph_target = 2 + draw(self.seed, len(self.tokens), 2) % 3
 
     def _word(self, attempt: int) -> str:
-        word = VOCABULARY[_draw(self.seed, len(self.tokens), 3, attempt) % len(VOCABULARY)]
+        word = VOCABULARY[draw(self.seed, len(self.tokens), 3, attempt) % len(VOCABULARY)]
         if self.line_start:
             return word.capitalize()
         if self.after_period:
@@ -122,7 +124,7 @@ class _Generator:
         if self.words_in_sentence >= self.sentence_target:
             return "."
         comma_ok = 3 <= self.words_in_sentence < self.sentence_target - 1
-        if comma_ok and self.tokens[-1] != "," and _draw(self.seed, len(self.tokens), 4) % 9 == 0:
+        if comma_ok and self.tokens[-1] != "," and draw(self.seed, len(self.tokens), 4) % 9 == 0:
             return ","
         return None
 

@@ -32,6 +32,19 @@ class Generation:
     stream: bool
     include_usage: bool = False
     continuous_usage: bool = False
+    #: The prefill the engine repeats in front of its text (``prefill_echo``), or "".
+    echo: str = ""
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a non-streaming answer holds: ``tokens`` output tokens, ``reasoning_tokens`` of
+    them reasoning."""
+
+    text: str
+    reasoning: str = ""
+    tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,7 +74,7 @@ class Wire(Protocol):
     def stream_format(self, request: Generation, usage: InputUsage) -> StreamFormat: ...
 
     def body(
-        self, request: Generation, text: str, emitted: int, finish: Finish | None, usage: InputUsage
+        self, request: Generation, output: Output, finish: Finish | None, usage: InputUsage
     ) -> dict[str, Any]: ...
 
     def error(

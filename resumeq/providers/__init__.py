@@ -6,6 +6,7 @@ import httpx
 
 from resumeq.providers.anthropic import AnthropicClient, AnthropicStream
 from resumeq.providers.base import (
+    OutputDelta,
     ProviderClient,
     ProviderStream,
     StreamEvent,
@@ -29,6 +30,7 @@ __all__ = [
     "AnthropicStream",
     "OpenAIClient",
     "OpenAIStream",
+    "OutputDelta",
     "ProviderClient",
     "ProviderStream",
     "StreamEvent",

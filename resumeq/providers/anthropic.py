@@ -11,14 +11,15 @@ resumable: a cut inside a tool-use or thinking block is not continued mid-block.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from httpx_sse import ServerSentEvent
 
 from resumeq.continuation import ChatMessage, RequestPlan
-from resumeq.errors import InBandError, MalformedChunk, ProviderUnavailable
+from resumeq.errors import InBandError, MalformedChunk
 from resumeq.providers.base import (
+    OutputDelta,
     ProviderClient,
     ProviderStream,
     StreamEvent,
@@ -31,8 +32,13 @@ from resumeq.providers.base import (
 
 API_VERSION = "2023-06-01"
 _CACHE = {"type": "ephemeral"}
-#: Deltas that are output but not text (thinking, tool input): progress, not a stall.
-_OTHER_PROGRESS = ("thinking_delta", "input_json_delta", "signature_delta", "citations_delta")
+#: Deltas of output that is not text, and the field holding it: billed, never resumed.
+_OUTPUT: dict[str, tuple[Literal["reasoning", "other"], str]] = {
+    "thinking_delta": ("reasoning", "thinking"),
+    "input_json_delta": ("other", "partial_json"),
+}
+#: Deltas that carry no output tokens of their own: progress, not a stall.
+_PROGRESS = ("signature_delta", "citations_delta")
 
 
 class AnthropicStream(ProviderStream):
@@ -85,13 +91,21 @@ class AnthropicStream(ProviderStream):
         delta = data.get("delta")
         if not isinstance(delta, dict):
             raise MalformedChunk("content_block_delta without a delta")
-        if delta.get("type") == "text_delta":
+        kind = delta.get("type")
+        if kind == "text_delta":
             text = delta.get("text")
             if not isinstance(text, str):
                 raise MalformedChunk("text_delta without text")
             if text:
+                # A delta carries one token or several: one is what is known for sure.
                 yield TextDelta(text, 1, exact=False)
-        elif delta.get("type") in _OTHER_PROGRESS:
+        elif kind in _OUTPUT:
+            channel, field = _OUTPUT[kind]
+            value = delta.get(field)
+            if not isinstance(value, str):
+                raise MalformedChunk(f"{kind} without {field}")
+            yield OutputDelta(channel, value, 1, exact=False)
+        elif kind in _PROGRESS:
             self._note_progress()
 
     def _block_stop(self, data: dict[str, Any]) -> Iterator[StreamEvent]:
@@ -177,21 +191,3 @@ class AnthropicClient(ProviderClient):
             body["stop_sequences"] = list(params.stop)
         body.update(plan.extra_body)
         return body
-
-    def _count(self, content: str, model: str) -> int:
-        data = self.post_json(
-            f"{self.profile.base_url}/v1/messages/count_tokens",
-            {"model": model, "messages": [{"role": "user", "content": content}]},
-        )
-        count = data.get("input_tokens")
-        if not isinstance(count, int):
-            raise ProviderUnavailable("count_tokens answered no input_tokens")
-        return count
-
-    def count_text_tokens(self, text: str, *, model: str) -> int:
-        """``/v1/messages/count_tokens`` counts a whole prompt: subtract the framing of a
-        one-message prompt, measured with a one-token probe."""
-        if not text:
-            return 0
-        framing = self._count("x", model) - 1
-        return max(0, self._count(text, model) - framing)

@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from httpx_sse import ServerSentEvent, SSEError
@@ -44,6 +44,7 @@ from resumeq.errors import (
     RateLimited,
     Stalled,
     Truncated,
+    UnreadableCount,
 )
 from resumeq.providers.sse import iter_events
 from resumeq.settings import ProviderProfile
@@ -54,8 +55,20 @@ MAX_ERROR_BODY = 4_096
 
 @dataclass(frozen=True)
 class TextDelta:
-    """Text that arrived, with its output tokens, counted exactly or estimated."""
+    """Answer text that arrived, with its output tokens: counted exactly (the provider's
+    cumulative usage) or estimated (one per chunk: every chunk carries at least one)."""
 
+    text: str
+    tokens: int
+    exact: bool
+
+
+@dataclass(frozen=True)
+class OutputDelta:
+    """Output the provider bills that is not resumable text: ``reasoning`` (thinking) or
+    ``other`` (tool-call arguments, an end token counted on its own), with its tokens."""
+
+    kind: Literal["reasoning", "other"]
     text: str
     tokens: int
     exact: bool
@@ -68,11 +81,13 @@ class Usage:
     input_tokens: int | None = None
     cached_input_tokens: int | None = None
     cache_creation_input_tokens: int | None = None
-    #: Output tokens of this attempt so far, cumulative.
+    #: Output tokens of this attempt so far, cumulative, reasoning included.
     output_tokens: int | None = None
+    #: The reasoning tokens among them, where the provider says.
+    reasoning_tokens: int | None = None
 
 
-StreamEvent = TextDelta | Usage
+StreamEvent = TextDelta | OutputDelta | Usage
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
@@ -188,7 +203,7 @@ class ProviderStream(ABC):
                 yield event
                 if self.closed:
                     return  # closed by the consumer: not one more event
-                if isinstance(event, TextDelta):
+                if isinstance(event, TextDelta | OutputDelta):
                     self._note_progress()  # after the consumer had its turn
             if self._complete():
                 return
@@ -281,9 +296,16 @@ class ProviderClient(ABC):
             timeout=self.timeout,
         )
 
-    @abstractmethod
-    def count_text_tokens(self, text: str, *, model: str) -> int:
-        """Output tokens of ``text``, by the provider's own counting endpoint."""
+    def count_text_tokens(self, text: str, *, model: str, timeout_s: float | None = None) -> int:
+        """Tokens of ``text`` by the provider's counting endpoint (the profile's
+        ``tokenizer`` format); raises :class:`~resumeq.errors.ProviderError` when the
+        endpoint fails or answers something that is not a count."""
+        from resumeq.providers.tokenize import READERS  # noqa: PLC0415 - it imports this module
+
+        if not text:
+            return 0
+        reader = READERS[self.profile.tokenizer_format]
+        return reader(self.profile, self.post_json, text, model, timeout_s)
 
     def open(self, plan: RequestPlan) -> ProviderStream:
         """Send the plan's request; answer the stream once the status is 2xx."""
@@ -311,18 +333,23 @@ class ProviderClient(ABC):
             )
         return response
 
-    def post_json(self, url: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """A small non-streaming JSON call (the counting endpoints)."""
+    def post_json(
+        self, url: str, body: Mapping[str, Any], *, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """A small non-streaming JSON call (the counting endpoints); ``timeout_s`` bounds
+        the whole call when given."""
+        timeout = self.timeout if timeout_s is None else httpx.Timeout(max(0.05, timeout_s))
         request = self.http.build_request(
-            "POST", url, json=dict(body), headers=self.headers(), timeout=self.timeout
+            "POST", url, json=dict(body), headers=self.headers(), timeout=timeout
         )
         response = self.send(request, stream=False)
         try:
             data = response.json()
         except ValueError:
-            raise ProviderUnavailable(f"{url} answered non-JSON") from None
+            kind = response.headers.get("content-type", "")[:60]
+            raise UnreadableCount(f"{url} answered non-JSON ({kind})") from None
         if not isinstance(data, dict):
-            raise ProviderUnavailable(f"{url} answered a JSON {type(data).__name__}")
+            raise UnreadableCount(f"{url} answered a JSON {type(data).__name__}")
         return data
 
     @abstractmethod

@@ -1,10 +1,11 @@
 -- flush: the checkpoint, in one round trip. Checks the fencing token and the expected
 -- revision, APPENDs the delta to the prefix (never rewrites it), spent + n, revision + 1,
--- XADDs the event, and extends the lease (a flush is proof of life).
+-- XADDs the event, and extends the lease (a flush is proof of life). The owner of a
+-- stalled job (a janitor) flushes a dead attempt's estimated count this way.
 -- KEYS[1] job hash   KEYS[2] text   KEYS[3] lease   KEYS[4] events stream
 -- KEYS[5] leases zset
 -- ARGV[1] fencing token   ARGV[2] expected revision   ARGV[3] delta text
--- ARGV[4] output tokens in the delta (negative only to correct this attempt's estimates)
+-- ARGV[4] output tokens in the delta (never negative: no write lowers the cursor)
 -- ARGV[5] '1' if this attempt's total is exact after the flush, '0' if it is an estimate
 -- ARGV[6] lease TTL (ms), 0 to leave the lease alone
 -- Answers: {'ok', revision, spent, prefix bytes} | {'not_found'} | {'cancelled'}
@@ -13,14 +14,15 @@
 local job, text, lease, events, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local delta, ttl = ARGV[3], tonumber(ARGV[6])
 
-local refused = fence(job, lease, ARGV[1], { running = true })
+local refused = fence(job, lease, ARGV[1], { running = true, stalled = true })
   or check_revision(job, ARGV[2])
 if refused then
   return refused
 end
 
-if tonumber(redis.call('HGET', job, 'spent_output_tokens')) + tonumber(ARGV[4]) < 0 then
-  return { 'bad_argument', 'the cursor would go below 0' }
+local tokens = tonumber(ARGV[4])
+if not tokens or tokens < 0 or tokens ~= math.floor(tokens) then
+  return { 'bad_argument', 'a flush never lowers the cursor: tokens ' .. ARGV[4] }
 end
 
 local now = now_ms()

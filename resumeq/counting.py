@@ -1,0 +1,194 @@
+"""What an attempt's output tokens add up to (SPEC §6). Pure: no I/O.
+
+While a stream runs each chunk is counted as it arrives: by the step of the provider's
+cumulative usage where it reports one in every chunk (exact), else as one token — every
+chunk carries at least one, so that running count is a lower bound. It is checkpointed as
+it goes and can only be raised later: the cursor never goes down.
+
+When the attempt ends, :func:`settle` finds its total, first of:
+
+1. the running count, where every chunk was counted exactly;
+2. the total a finished stream reported;
+3. the counting endpoint's count of what arrived (``tokenizer`` and ``usage+tokenizer``);
+4. an estimate that errs high: at least one token per chunk and one per
+   ``bytes_per_token`` UTF-8 bytes of output, so that ``budget - spent`` does not buy past
+   the budget. It stays labelled an estimate.
+
+A count is believed only if it can be right. :func:`refusal` says why one cannot: a
+negative count, zero tokens for output that is not empty, more tokens than bytes (a token
+is at least one byte), fewer tokens than chunks received (each carried at least one) or
+than were already counted. A refused count is logged with its reason and the attempt
+keeps its estimate.
+
+Reasoning (thinking) output is billed output: it counts against the budget like text, and
+its tokens are reported apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+CountSource = Literal["usage", "tokenizer", "estimate"]
+
+#: Tokens a finished stream may bill beyond its output's bytes: the end-of-sequence token,
+#: a stop sequence's tokens that are not part of the text.
+END_ALLOWANCE = 8
+
+
+@dataclass
+class Tally:
+    """What one attempt received, as counting needs it. ``text`` is the answer text the
+    model generated (an echo of the prompt is not output and is not in it)."""
+
+    text_chunks: int = 0
+    text_bytes: int = 0
+    reasoning_chunks: int = 0
+    reasoning_bytes: int = 0
+    other_chunks: int = 0
+    other_bytes: int = 0
+    #: Tokens counted so far, chunk by chunk (the lower bound), and the shares of the
+    #: reasoning and of the other output.
+    tokens: int = 0
+    reasoning_tokens: int = 0
+    other_tokens: int = 0
+    #: Whether every chunk was counted exactly (continuous usage).
+    exact: bool = True
+
+    @property
+    def chunks(self) -> int:
+        return self.text_chunks + self.reasoning_chunks + self.other_chunks
+
+    @property
+    def output_bytes(self) -> int:
+        return self.text_bytes + self.reasoning_bytes + self.other_bytes
+
+
+@dataclass(frozen=True)
+class Count:
+    """An attempt's output tokens, where the number came from, and what was refused."""
+
+    tokens: int
+    exact: bool
+    source: CountSource
+    reasoning_tokens: int | None = None
+    refused: tuple[str, ...] = field(default_factory=tuple)
+
+
+def estimate(chunks: int, output_bytes: int, *, counted: int, bytes_per_token: float) -> int:
+    """An estimate that errs high: never below the chunks or the tokens already counted."""
+    if bytes_per_token <= 0:
+        raise ValueError("bytes_per_token must be > 0")
+    return max(counted, chunks, math.ceil(output_bytes / bytes_per_token))
+
+
+def refusal(
+    count: int, *, output_bytes: int, chunks: int, counted: int, allowance: int = 0
+) -> str | None:
+    """Why ``count`` cannot be the tokens of ``output_bytes`` bytes that arrived in
+    ``chunks`` chunks after ``counted`` tokens were counted; None if it can be."""
+    if count < 0:
+        return f"a negative count ({count})"
+    if count == 0 and output_bytes > 0:
+        return f"0 tokens for {output_bytes} bytes of output"
+    if count > output_bytes + allowance:
+        return f"{count} tokens for {output_bytes} bytes (a token is at least a byte)"
+    if count < chunks:
+        return f"{count} tokens for {chunks} chunks (each chunk carries at least one)"
+    if count < counted:
+        return f"{count} tokens, fewer than the {counted} already counted"
+    return None
+
+
+def settle(
+    tally: Tally,
+    *,
+    finished: bool,
+    reported: int | None,
+    reported_reasoning: int | None = None,
+    tokenizer_text: int | None = None,
+    tokenizer_reasoning: int | None = None,
+    bytes_per_token: float,
+) -> Count:
+    """The attempt's total output tokens (see the module docstring).
+
+    ``reported`` is the provider's output total (believed only for a finished stream);
+    ``tokenizer_text`` and ``tokenizer_reasoning`` are the counting endpoint's counts of
+    the text and of the reasoning that arrived, where it was asked."""
+    refused: list[str] = []
+    reasoning_guess = _reasoning_estimate(tally, bytes_per_token)
+    if tally.exact and not (finished and reported is not None and reported != tally.tokens):
+        return Count(tally.tokens, True, "usage", tally.reasoning_tokens)
+    if finished and reported is not None:
+        # Hidden reasoning (reported, never streamed) has no bytes to be checked against.
+        hidden = (reported_reasoning or 0) if tally.reasoning_bytes == 0 else 0
+        why = refusal(
+            reported,
+            output_bytes=tally.output_bytes,
+            chunks=tally.chunks,
+            counted=tally.tokens,
+            allowance=hidden + END_ALLOWANCE,
+        )
+        if why is None:
+            reasoning = reported_reasoning if reported_reasoning is not None else reasoning_guess
+            return Count(reported, True, "usage", reasoning)
+        refused.append(f"the provider's usage: {why}")
+    if tokenizer_text is not None:
+        why = refusal(
+            tokenizer_text,
+            output_bytes=tally.text_bytes,
+            chunks=tally.text_chunks,
+            counted=0,
+        )
+        if why is None:
+            total, exact, reasoning = _with_tokenizer(
+                tally, tokenizer_text, tokenizer_reasoning, bytes_per_token
+            )
+            why = refusal(
+                total,
+                output_bytes=tally.output_bytes,
+                chunks=tally.chunks,
+                counted=tally.tokens,
+                allowance=END_ALLOWANCE,
+            )
+            if why is None:
+                return Count(total, exact, "tokenizer", reasoning, tuple(refused))
+        refused.append(f"the counting endpoint: {why}")
+    guess = estimate(
+        tally.chunks, tally.output_bytes, counted=tally.tokens, bytes_per_token=bytes_per_token
+    )
+    return Count(guess, False, "estimate", reasoning_guess, tuple(refused))
+
+
+def _reasoning_estimate(tally: Tally, bytes_per_token: float) -> int | None:
+    if not tally.reasoning_chunks:
+        return None
+    if tally.exact:
+        return tally.reasoning_tokens
+    return estimate(
+        tally.reasoning_chunks,
+        tally.reasoning_bytes,
+        counted=tally.reasoning_tokens,
+        bytes_per_token=bytes_per_token,
+    )
+
+
+def _with_tokenizer(
+    tally: Tally, text: int, reasoning: int | None, bytes_per_token: float
+) -> tuple[int, bool, int | None]:
+    """Text counted by the endpoint, plus the other output as counted in the stream, plus
+    the reasoning: counted by the endpoint too where it could be, else estimated."""
+    exact = tally.exact or tally.other_chunks == 0
+    parts = text + tally.other_tokens
+    if not tally.reasoning_chunks:
+        return parts, exact, None
+    if reasoning is not None and (
+        refusal(
+            reasoning, output_bytes=tally.reasoning_bytes, chunks=tally.reasoning_chunks, counted=0
+        )
+        is None
+    ):
+        return parts + reasoning, exact, reasoning
+    guess = _reasoning_estimate(tally, bytes_per_token) or 0
+    return parts + guess, exact and tally.exact, guess

@@ -50,6 +50,7 @@ bench: $(STAMP) redis-server
 	$(BIN)/python benchmarks/overhead.py --tokens 5000 --repeats 3
 	$(BIN)/python benchmarks/throughput.py --jobs 100 --repeats 1
 	$(BIN)/python benchmarks/memory.py --streams 6
+	$(BIN)/python benchmarks/splice_corpus.py --seeds 1 --cuts 100
 
 soak: $(STAMP) redis-server
 	$(BIN)/python benchmarks/chaos.py

@@ -39,7 +39,8 @@ class AttemptRecord(BaseModel):
     input_tokens: int | None = None
     cached_input_tokens: int | None = None
     cache_creation_input_tokens: int | None = None
-    #: Output tokens the provider reported for this attempt (None: it did not say).
+    #: The provider's count of this attempt's output, by its usage or its counting
+    #: endpoint (None: it did not say, or what it said was not believed).
     output_tokens: int | None = None
     #: Output tokens written to the cursor by this attempt (reasoning included).
     output_tokens_persisted: int = 0

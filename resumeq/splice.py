@@ -47,7 +47,7 @@ EchoPolicy = Literal["auto", "yes", "no"]
 EXACT_MODES: frozenset[str] = frozenset({"prefill", "prefill_flag", "continue_final_message"})
 
 #: ``instruction`` mode: a repeat shorter than this many characters is taken for text.
-DEFAULT_MIN_OVERLAP = 24
+DEFAULT_MIN_OVERLAP = 16
 #: How far back into the prefix a short repeat is looked for.
 DEFAULT_WINDOW = 2_000
 #: An echo of only the start of what was sent is removed when at least this long (and the
@@ -136,7 +136,8 @@ def _plausible_repeat(prefix: str, continuation: str, k: int) -> bool:
     if k < len(continuation) and _word(continuation[k - 1]) and _word(continuation[k]):
         return False  # what follows would glue onto a cut word
     passage = prefix[start:]
-    if prefix.find(passage) != start:
+    core = passage.strip() or passage
+    if prefix.find(core) < start + len(passage) - len(passage.lstrip()):
         return False  # the text already repeats this passage
     return smallest_period(passage) > k // 2  # a pattern repeating itself goes on
 

@@ -414,7 +414,7 @@ class AttemptRunner:
             input_tokens=usage.input_tokens,
             cached_input_tokens=usage.cached_input_tokens,
             cache_creation_input_tokens=usage.cache_creation_input_tokens,
-            output_tokens=count.tokens if count and count.source == "usage" else None,
+            output_tokens=count.tokens if count and count.exact else None,
             output_tokens_persisted=ckpt.flushed_tokens if ckpt else 0,
             reasoning_tokens=count.reasoning_tokens if count else None,
             chars_persisted=ckpt.flushed_chars if ckpt else 0,

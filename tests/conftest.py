@@ -64,4 +64,5 @@ def fake(fake_server: FakeProvider) -> FakeProvider:
     fake_server.reset()
     fake_server.completion_tokens = None
     fake_server.token_delay_ms = 0
+    fake_server.configure_engine("vllm")  # the engine's quirks outlive a reset
     return fake_server

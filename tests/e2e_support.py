@@ -82,6 +82,13 @@ def make_world(
                     "base_url": fake.anthropic_base_url,
                     "continue_mode": "prefill",
                 },
+                # llama.cpp's server: a prefill, echoed; usage only at the end; its /tokenize.
+                "llamacpp": {
+                    **profile,
+                    "continue_mode": "prefill",
+                    "counting": "usage+tokenizer",
+                    "tokenizer": "llamacpp",
+                },
             },
             "worker": settings,
             "janitor": {"interval_s": 0.3},

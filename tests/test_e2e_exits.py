@@ -45,6 +45,7 @@ def clean_faults(world: World) -> None:
     world.fake.reset()
     world.fake.completion_tokens = 120
     world.fake.token_delay_ms = 0
+    world.fake.configure_engine("vllm")
 
 
 def cli(world: World, *args: str) -> subprocess.CompletedProcess[str]:

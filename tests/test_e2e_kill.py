@@ -65,6 +65,37 @@ def test_sigkill_mid_stream_resumes_on_another_worker(world: World) -> None:
     assert finished.get_status() == JobStatus.FINISHED
 
 
+def test_sigkill_on_an_engine_that_echoes_the_prefill(world: World) -> None:
+    """llama.cpp: the continuation starts by repeating the 2,000+ characters it was sent;
+    the dead attempt was counted chunk by chunk, so the janitor prices the continuation
+    with an estimate that errs high."""
+    world.fake.configure_engine("llamacpp")
+    world.fake.completion_tokens = 1_200
+    world.fake.token_delay_ms = 4
+    a = world.cluster.worker()
+    prompt = "Write the whole module, with tests [fake:mixed]"
+    job_id = world.enqueue(prompt, provider="llamacpp", budget_tokens=3000)
+    world.wait_spent(job_id, 800)
+    a.kill()
+    killed = world.store.get(job_id)
+    stored = world.store.text(job_id)
+    assert len(stored) > 2000
+    world.cluster.worker()
+    world.cluster.janitor()
+    record = world.wait_state(job_id, {"done", "failed", "spilled", "abandoned"})
+    text = world.store.text(job_id)
+    assert record.state.value == "done", record
+    assert text == world.canonical(prompt)
+    ledger = world.store.ledger(job_id)
+    assert ledger[0]["cut"] == "worker_died" and ledger[0]["count_source"] == "estimate"
+    assert ledger[0]["output_tokens_persisted"] >= killed.spent_output_tokens
+    assert ledger[1]["echo_chars"] == len(stored)  # exactly the repeat was dropped
+    resumed = world.requests_for(prompt)[-1]
+    assert resumed["echo_chars"] > 2000  # the engine did repeat the prefix
+    assert resumed["body"]["max_tokens"] == 3000 - ledger[0]["output_tokens_persisted"]
+    assert not record.counts_exact  # the dead attempt's count is an estimate, and says so
+
+
 def test_sigstop_past_the_lease_then_sigcont_is_fenced(world: World) -> None:
     world.fake.completion_tokens = 300
     world.fake.token_delay_ms = 8

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +26,7 @@ from resumeq.errors import (
     Truncated,
 )
 from resumeq.fake import FakeProvider, count_tokens
-from resumeq.providers import ProviderClient, TextDelta, Usage, make_client
+from resumeq.providers import OutputDelta, ProviderClient, TextDelta, Usage, make_client
 from resumeq.settings import ProviderProfile
 from resumeq.spec import JobSpec, parse_spec
 from resumeq.splice import Splicer
@@ -346,3 +347,147 @@ def test_closing_the_stream_stops_it(fake: FakeProvider, http: httpx.Client) -> 
 
 def test_usage_event_type() -> None:
     assert Usage().output_tokens is None
+
+
+# -- output that is not text, and counts the stream carries ---------------------------------
+
+REASONING_SPEC = parse_spec(
+    {"prompt": "Think, then answer [fake:reasoning=40]", "provider": "p", "model": "m",
+     "budget_tokens": 2000}
+)  # fmt: skip
+
+
+def events_of(client: ProviderClient, spec: JobSpec) -> tuple[list[Any], BaseException | None]:
+    plan = plan_request(spec, client.profile, prefix="", remaining_tokens=spec.budget_tokens)
+    events: list[Any] = []
+    with client.open(plan) as stream:
+        try:
+            events.extend(stream)
+        except StreamCut as exc:
+            return events, exc
+    return events, None
+
+
+def test_openai_reasoning_is_output_counted_exactly_under_continuous_usage(
+    fake: FakeProvider, http: httpx.Client
+) -> None:
+    fake.completion_tokens = 30
+    client = make_client(profile(fake, counting="usage"), http)
+    events, error = events_of(client, REASONING_SPEC)
+    assert error is None
+    reasoning = [e for e in events if isinstance(e, OutputDelta) and e.kind == "reasoning"]
+    text = [e for e in events if isinstance(e, TextDelta)]
+    assert len(reasoning) == 40 and all(e.exact and e.tokens == 1 for e in reasoning)
+    assert sum(e.tokens for e in text) == 30
+    final = [e for e in events if isinstance(e, Usage)][-1]
+    assert final.output_tokens == 70 and final.reasoning_tokens == 40
+
+
+def test_anthropic_thinking_is_output(fake: FakeProvider, http: httpx.Client) -> None:
+    fake.completion_tokens = 30
+    client = make_client(profile(fake, "anthropic"), http)
+    events, error = events_of(client, REASONING_SPEC)
+    assert error is None
+    thinking = "".join(e.text for e in events if isinstance(e, OutputDelta))
+    assert thinking == "".join(fake.canonical_reasoning([{"role": "user", "content":
+                                                          REASONING_SPEC.prompt}]))  # fmt: skip
+    assert [e for e in events if isinstance(e, Usage)][-1].output_tokens == 70
+
+
+def chunk(content: str | None = None, usage: int | None = None, **delta: Any) -> dict[str, Any]:
+    if content is not None:
+        delta["content"] = content
+    out: dict[str, Any] = {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+    if usage is not None:
+        out["usage"] = {"prompt_tokens": 5, "completion_tokens": usage}
+    return out
+
+
+def scripted(*chunks: dict[str, Any]) -> ProviderClient:
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks)
+    body += 'data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\ndata: [DONE]\n\n'
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    p = ProviderProfile(kind="openai", base_url="http://engine.invalid/v1", counting="usage")
+    return make_client(p, http)
+
+
+def test_an_echo_chunk_without_tokens_keeps_continuous_usage_exact() -> None:
+    """vLLM's ``echo`` sends the prefill as a chunk of its own with no completion token."""
+    client = scripted(chunk("the prefix as sent", 0), chunk(" one", 1), chunk(" two", 2))
+    events, _ = events_of(client, SPEC)
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    assert [(d.tokens, d.exact) for d in deltas] == [(0, True), (1, True), (1, True)]
+
+
+def test_continuous_usage_that_stops_counting_is_no_longer_believed() -> None:
+    client = scripted(chunk(" one", 1), chunk(" two", 1), chunk(" three", 1))
+    events, _ = events_of(client, SPEC)
+    deltas = [e for e in events if isinstance(e, TextDelta)]
+    assert [(d.tokens, d.exact) for d in deltas] == [(1, True), (1, False), (1, False)]
+
+
+def test_tokens_counted_in_a_chunk_without_content_are_output() -> None:
+    """An end token counted in the finish chunk, or a tool call's tokens."""
+    client = scripted(chunk(" one", 1), chunk(None, 2), chunk(None, 4, tool_calls=[{"id": "x"}]))
+    events, _ = events_of(client, SPEC)
+    other = [e for e in events if isinstance(e, OutputDelta)]
+    assert [(e.kind, e.tokens) for e in other] == [("other", 1), ("other", 2)]
+
+
+# -- counting endpoints ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tokenize", ["vllm", "llamacpp"])
+def test_each_engines_counting_endpoint(
+    fake: FakeProvider, http: httpx.Client, tokenize: str
+) -> None:
+    fake.configure_engine(tokenize=tokenize)  # type: ignore[arg-type]
+    client = make_client(profile(fake, counting="tokenizer", tokenizer=tokenize), http)
+    text = canonical(fake)[:300]
+    assert client.count_text_tokens(text, model="m") == count_tokens(text)
+    body = fake.journal()[-1]["body"]
+    assert ("content" in body) is (tokenize == "llamacpp")
+
+
+def test_vllms_body_at_llamacpp_gets_an_empty_list(fake: FakeProvider, http: httpx.Client) -> None:
+    """What a real llama.cpp server did: the count came back 0, which counting refuses."""
+    fake.configure_engine(tokenize="llamacpp")
+    client = make_client(profile(fake, counting="tokenizer", tokenizer="vllm"), http)
+    assert client.count_text_tokens("Some text that is not empty.", model="m") == 0
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (httpx.Response(200, json={"tokens": ["Hel", "lo"]}), "not token ids"),
+        (httpx.Response(200, text="<html>oops</html>"), "non-JSON"),
+        (httpx.Response(200, json=[1, 2, 3]), "JSON list"),
+        (httpx.Response(200, json={"count": 2, "tokens": [1, 2, 3]}), "count 2 for 3"),
+        (httpx.Response(200, json={"nothing": True}), "neither count nor tokens"),
+        (httpx.Response(404, json={"error": {"message": "Not Found"}}), "HTTP 404"),
+        (httpx.Response(503, text="busy"), "HTTP 503"),
+    ],
+)
+def test_a_counting_answer_that_is_no_count_is_an_error(answer: httpx.Response, error: str) -> None:
+    http = httpx.Client(transport=httpx.MockTransport(lambda request: answer))
+    p = ProviderProfile(kind="openai", base_url="http://engine.invalid/v1", counting="tokenizer")
+    with pytest.raises(ProviderError, match=error):
+        make_client(p, http).count_text_tokens("Hello", model="m")
+
+
+def test_a_list_of_token_objects_is_a_count() -> None:
+    pieces = {"tokens": [{"id": 1, "piece": "Hel"}, {"id": 2, "piece": "lo"}]}
+    http = httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(200, json=pieces)))
+    p = ProviderProfile(kind="openai", base_url="http://e.invalid/v1", tokenizer="llamacpp")
+    assert make_client(p, http).count_text_tokens("Hello", model="m") == 2
+
+
+def test_a_tokenizer_must_fit_the_kind() -> None:
+    with pytest.raises(ValueError, match="does not fit"):
+        ProviderProfile(kind="anthropic", base_url="http://e.invalid", tokenizer="vllm")
+    with pytest.raises(ValueError, match="does not fit"):
+        ProviderProfile(kind="openai", base_url="http://e.invalid/v1", tokenizer="anthropic")

@@ -5,8 +5,8 @@ than ``flush_min_ms`` after the last one), plus at the end.
 Each flush is one round trip (the ``flush`` script). If Redis is unreachable the delta is
 kept and the next delta tries again; once the lease would have expired the attempt stops
 (:class:`~resumeq.errors.LeaseLost`): nobody should pay for tokens that cannot be kept. A
-flush whose reply was lost is recognised on retry (the revision moved by one, the lease
-is still ours) and not written twice.
+flush whose reply was lost is sent again unchanged, with its request id, and answers as
+it did if it had been applied: never written twice.
 
 Tokens counted chunk by chunk are a lower bound (see :mod:`resumeq.counting`); the last
 write, :meth:`Checkpointer.settle`, raises them to the attempt's total and labels it exact
@@ -18,23 +18,25 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from resumeq.errors import LeaseLost, RedisUnavailable, StaleRevision
+from resumeq.errors import LeaseLost, RedisUnavailable
 from resumeq.models import Lease
-from resumeq.store import Store
+from resumeq.store import Store, request_id
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Batch:
-    """One flush's worth: pending text items, tokens sent, pending tokens it accounts for."""
+    """One flush's worth: pending text items, tokens sent, pending tokens it accounts for,
+    and the request id that makes a re-send of it recognisable."""
 
     items: int
     tokens: int
     consumed: int
     exact: bool = True
+    request: str = field(default_factory=request_id)
 
 
 class Checkpointer:
@@ -127,16 +129,12 @@ class Checkpointer:
                     delta="".join(self._pending_text[: batch.items]),
                     tokens=batch.tokens,
                     exact=batch.exact,
+                    request=batch.request,
                 )
             except RedisUnavailable as exc:
                 self._inflight = batch
                 self._unreachable(exc)
                 return False
-            except StaleRevision as exc:
-                if not retry or not self._applied_before(exc):
-                    raise
-                self._written(batch, revision=self.revision + 1)
-                continue
             self._written(batch, revision=result.revision)
             if not retry:
                 return True
@@ -177,11 +175,3 @@ class Checkpointer:
                 job_id=self.lease.job_id,
             ) from exc
         log.warning("job %s: Redis unreachable, keeping the delta: %s", self.lease.job_id, exc)
-
-    def _applied_before(self, exc: StaleRevision) -> bool:
-        """A flush whose reply was lost may have been applied: the revision is one ahead
-        and the lease is still ours (nobody else can write with our token)."""
-        if exc.current != self.revision + 1:
-            return False
-        record = self.store.get(self.lease.job_id)
-        return record.lease_token == self.lease.token and record.revision == self.revision + 1

@@ -88,11 +88,13 @@ class Client:
         return enqueue_job(self.store, self.redis, spec, queue=queue).id
 
     def get(self, job_id: str) -> Job:
-        record = self.store.get(job_id)
+        """The job as of one revision: its text is exactly the text up to ``revision``, so
+        ``follow(after=job.revision)`` goes on from there without a repeat."""
+        record, text = self.store.snapshot(job_id)
         return Job(
             id=record.id,
             state=record.state,
-            text=self.store.text(job_id),
+            text=text,
             revision=record.revision,
             spent_output_tokens=record.spent_output_tokens,
             budget_tokens=record.budget_tokens,

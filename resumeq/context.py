@@ -15,9 +15,8 @@ from dataclasses import dataclass
 
 import httpx
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
+from resumeq.connection import connect
 from resumeq.settings import Settings, load_settings
 from resumeq.store import Store
 
@@ -52,14 +51,14 @@ def worker_name() -> str:
 
 
 def redis_client(settings: Settings) -> redis.Redis:
-    """A client that fails fast: a Redis call that hangs would hold up the stream, and the
-    checkpointer and heartbeat already retry until the lease would have expired."""
+    """A client that fails fast and never re-sends on its own: a Redis call that hangs
+    would hold up the stream, and the checkpointer, the heartbeat and the store re-send
+    their writes themselves, recognisably, until the lease would have expired."""
     timeout = max(1.0, settings.file.worker.lease_ttl_ms / 3000)
-    return redis.Redis.from_url(
+    return connect(
         settings.redis_url,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1),
         health_check_interval=30,
     )
 

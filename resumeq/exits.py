@@ -1,26 +1,26 @@
 """Applying the gate's decision, by whoever holds the lease: the worker after a cut, or
 the janitor after reaping a job whose worker died.
 
-Every exit is one fenced script (finish or release, with the attempt's ledger record),
-then — only once it committed — the side effects: the next attempt's RQ job (after its
-delay, through RQ's scheduler), the spill lane's RQ job, or the after-completion hooks.
-If the process dies between the two, the janitor finds the queued job without an RQ job
-and enqueues it again.
+Every exit is one fenced script (finish or release, with the attempt's ledger record)
+that also writes what must follow it into the job's outbox: the next attempt's RQ job
+(with its due time), the spill lane's RQ job, or the after-completion hooks. Once it
+committed, the outbox is carried out at once; if the process dies before that, the
+janitor carries it out (:mod:`resumeq.outbox`). Nothing is lost and nothing runs twice.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import redis
 
+from resumeq import failpoints, outbox
 from resumeq.errors import SpillExhausted
 from resumeq.gate import Decision
-from resumeq.hooks import enqueue_hooks
 from resumeq.models import JobRecord, Lease
-from resumeq.queueing import SPILL_QUEUE, enqueue_attempt
 from resumeq.store import Store
 
 log = logging.getLogger(__name__)
@@ -40,39 +40,47 @@ def apply_decision(
 
     ``record`` must be current as of the caller's last write (its queue, attempt count).
     """
-    job_id = record.id
+    state = _commit(store, lease, record, decision, ledger=ledger, finish_reason=finish_reason)
+    failpoints.hit("after_commit")
+    outbox.complete(store, connection, record.id)
+    if state == "spilled":
+        log.info("job %s spilled: %s", record.id, decision.reason)
+    return state
+
+
+def _commit(
+    store: Store,
+    lease: Lease,
+    record: JobRecord,
+    decision: Decision,
+    *,
+    ledger: Mapping[str, Any] | None,
+    finish_reason: str,
+) -> str:
+    """The exit's one script; answers the state it committed."""
     action = decision.action
-    if action == "done":
+    if action in ("done", "failed"):
         store.finish(
-            lease, state="done", finish_reason=finish_reason or decision.reason, ledger=ledger
+            lease,
+            state=action,
+            finish_reason=finish_reason or decision.reason if action == "done" else "",
+            error=decision.reason if action == "failed" else "",
+            ledger=ledger,
+            hooks=bool(record.spec.hooks),
         )
-        if record.spec.hooks:
-            enqueue_hooks(connection, record)
-        return "done"
-    if action == "failed":
-        store.finish(lease, state="failed", error=decision.reason, ledger=ledger)
-        return "failed"
+        return action
     if action in ("retry", "resume"):
-        store.release(lease, to="queued", reason=decision.reason, ledger=ledger)
-        enqueue_attempt(
-            connection,
-            job_id,
-            queue=record.queue,
-            attempt=record.attempt + 1,
-            delay_s=decision.delay_s,
-        )
+        delay_ms = math.ceil(decision.delay_s * 1000)
+        store.release(lease, to="queued", reason=decision.reason, ledger=ledger, delay_ms=delay_ms)
         return "queued"
     if action == "abandon":
         store.release(lease, to="abandoned", reason=decision.reason, ledger=ledger)
         return "abandoned"
     try:
+        # The spill lane: a reserved worker pool may serve it, or an operator requeues.
         store.release(lease, to="spilled", reason=decision.reason, ledger=ledger)
     except SpillExhausted:
         reason = f"{decision.reason}, after a spill (spill is not a loop)"
         store.finish(lease, state="failed", error=reason, ledger=ledger)
         return "failed"
-    # Park the next attempt in the spill lane: a reserved worker pool may serve it, or an
-    # operator requeues it elsewhere.
-    enqueue_attempt(connection, job_id, queue=SPILL_QUEUE, attempt=record.attempt + 1)
-    log.info("job %s spilled: %s", job_id, decision.reason)
     return "spilled"

@@ -20,11 +20,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import redis
+from rq.exceptions import DuplicateJobError
 
 from resumeq.context import context
 from resumeq.errors import ConfigError
 from resumeq.models import JobRecord, JobState
-from resumeq.queueing import HOOK_FUNC, hook_rq_id, rq_queue
+from resumeq.queueing import FAILURE_TTL_S, HOOK_FUNC, RESULT_TTL_S, hook_rq_id, rq_queue
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +72,25 @@ def idempotency_key(job_id: str, name: str) -> str:
     return f"{job_id}:{name}"
 
 
-def enqueue_hooks(connection: redis.Redis, record: JobRecord) -> int:
-    """Enqueue one RQ job per hook of a done job; answers how many were new."""
-    queue = rq_queue(record.queue, connection)
+def enqueue_hooks(connection: redis.Redis, record: JobRecord, *, queue: str | None = None) -> int:
+    """Enqueue one RQ job per hook of a done job (on ``queue``, default the job's); answers
+    how many were new. A hook's RQ job id is unique: enqueueing again adds nothing."""
+    q = rq_queue(queue or record.queue, connection)
     new = 0
     for name in record.spec.hooks:
-        job_id = hook_rq_id(record.id, name)
-        if queue.fetch_job(job_id) is not None:
+        try:
+            q.enqueue(
+                HOOK_FUNC,
+                record.id,
+                name,
+                job_id=hook_rq_id(record.id, name),
+                description=f"hook {name} of {record.id}",
+                result_ttl=RESULT_TTL_S,
+                failure_ttl=FAILURE_TTL_S,
+                unique=True,
+            )
+        except DuplicateJobError:
             continue
-        queue.enqueue(
-            HOOK_FUNC, record.id, name, job_id=job_id, description=f"hook {name} of {record.id}"
-        )
         new += 1
     return new
 

@@ -5,9 +5,11 @@ Each sweep:
 1. reaps every job whose lease deadline has passed (atomically: one janitor wins each
    job), asks the gate with a ``worker_died`` cut, and requeues a continuation, spills,
    abandons or fails it — writing the dead attempt's ledger record;
-2. finds ``queued`` jobs whose RQ job has vanished (a crash between the exit script and
-   the enqueue, an RQ job that failed before it could acquire) and enqueues them again;
-3. keeps RQ's own started/failed registries tidy, so ``rq info`` tells the truth.
+2. carries out outbox entries their committer left behind (it died between a commit and
+   what must follow it: the next attempt's enqueue with its due time, the hooks);
+3. finds ``queued`` jobs whose RQ job has vanished (an RQ job that failed before it could
+   acquire, one a dying worker dequeued) and enqueues them again;
+4. keeps RQ's own started/failed registries tidy, so ``rq info`` tells the truth.
 
 Several janitors may run at once. A failure on one job is logged and the sweep goes on.
 """
@@ -22,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar, TypeVarTuple
 
-from rq.registry import ScheduledJobRegistry, clean_registries
+from rq.registry import clean_registries
 
+from resumeq import outbox
 from resumeq.context import WorkerContext
 from resumeq.counting import estimate
 from resumeq.errors import ConfigError, CorruptRecord, JobNotFound, ResumeqError, WriteRefused
@@ -32,13 +35,14 @@ from resumeq.gate import Cut, JobView, decide
 from resumeq.ledger import AttemptRecord
 from resumeq.models import JobRecord, JobState, Lease
 from resumeq.queueing import (
-    SPILL_QUEUE,
     attempt_pending,
     discard_attempt,
     enqueue_attempt,
+    enqueue_overdue,
     fail_dead_attempt,
     rq_queue,
 )
+from resumeq.store import SPILL_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,8 @@ REGISTRY_INTERVAL_S = 15.0
 class SweepReport:
     reaped: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
+    #: Jobs whose outbox this sweep carried out.
+    followed_up: list[str] = field(default_factory=list)
     outcomes: dict[str, str] = field(default_factory=dict)
     errors: int = 0
 
@@ -78,6 +84,9 @@ class Janitor:
             if outcome:
                 report.reaped.append(job_id)
                 report.outcomes[job_id] = outcome
+        for job_id in self._safe(report, self.store.outbox_pending, outbox.JANITOR_GRACE_MS) or []:
+            if self._safe(report, outbox.complete, self.store, self.ctx.redis, job_id):
+                report.followed_up.append(job_id)
         for job_id in self._safe(report, self.store.queued_before, VANISHED_GRACE_MS) or []:
             if self._safe(report, self._requeue_vanished, job_id):
                 report.requeued.append(job_id)
@@ -92,11 +101,12 @@ class Janitor:
         log.info("%s sweeping every %.1f s", self.name, interval_s)
         while not stop.is_set():
             report = self.sweep()
-            if report.reaped or report.requeued:
+            if report.reaped or report.requeued or report.followed_up:
                 log.info(
-                    "reaped %d job(s) %s, re-enqueued %d",
+                    "reaped %d job(s) %s, followed up %d commit(s), re-enqueued %d",
                     len(report.reaped),
                     report.outcomes,
+                    len(report.followed_up),
                     len(report.requeued),
                 )
             stop.wait(interval_s)
@@ -212,6 +222,8 @@ class Janitor:
             return False
         if record.state is not JobState.QUEUED:
             return False
+        if "attempt" in self.store.outbox(job_id):
+            return False  # its commit's follow-up is pending: the outbox enqueues it, on time
         attempt = record.attempt + 1
         if attempt_pending(self.ctx.redis, job_id, attempt):
             return False
@@ -234,11 +246,5 @@ class Janitor:
         A doubled enqueue is harmless: only one run can take the job's lease."""
         cutoff = int(time.time() - SCHEDULE_GRACE_S)
         for name in self._queues():
-            queue = rq_queue(name, self.ctx.redis)
-            registry = ScheduledJobRegistry(queue=queue)  # type: ignore[no-untyped-call]
-            for rq_id in registry.get_jobs_to_schedule(cutoff):
-                job = queue.fetch_job(rq_id)
-                registry.remove(rq_id)
-                if job is not None:
-                    queue.enqueue_job(job)
-                    log.info("enqueued overdue scheduled attempt %s", rq_id)
+            for rq_id in enqueue_overdue(rq_queue(name, self.ctx.redis), cutoff):
+                log.info("enqueued overdue scheduled attempt %s", rq_id)

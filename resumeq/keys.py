@@ -25,6 +25,8 @@ LEASES = f"{PREFIX}:leases"
 QUEUED = f"{PREFIX}:queued"
 #: Job id → time it spilled: the spill lane's index.
 SPILLED = f"{PREFIX}:spilled"
+#: Job id → time its outbox got its oldest entry still pending: what the janitor completes.
+OUTBOX = f"{PREFIX}:outbox"
 
 
 def check_job_id(job_id: str) -> str:
@@ -63,13 +65,25 @@ def ledger(job_id: str) -> str:
     return f"{_job_base(job_id)}:ledger"
 
 
-def job_keys(job_id: str) -> tuple[str, str, str, str, str]:
-    """All per-job keys: job, text, lease, events, ledger."""
-    return job(job_id), text(job_id), lease(job_id), events(job_id), ledger(job_id)
+def outbox(job_id: str) -> str:
+    """What must follow the job's last commit: the next attempt's enqueue, its hooks."""
+    return f"{_job_base(job_id)}:outbox"
+
+
+def job_keys(job_id: str) -> tuple[str, str, str, str, str, str]:
+    """All per-job keys: job, text, lease, events, ledger, outbox."""
+    return (
+        job(job_id),
+        text(job_id),
+        lease(job_id),
+        events(job_id),
+        ledger(job_id),
+        outbox(job_id),
+    )
 
 
 def idempotency(key: str) -> str:
-    """Idempotency key → ``<job id>:<prompt hash>``, with a TTL."""
+    """Idempotency key → ``<job id>:<prompt hash>``; it expires with its job."""
     if not IDEMPOTENCY_KEY_RE.match(key):
         raise ValueError(f"malformed idempotency key {key!r}")
     return f"{PREFIX}:idem:{key}"

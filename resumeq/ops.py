@@ -5,22 +5,23 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from resumeq import keys
+from resumeq import keys, outbox
 from resumeq.errors import JobNotFound
 from resumeq.ledger import summary
 from resumeq.models import JobRecord, JobState
-from resumeq.queueing import discard_attempt, enqueue_attempt
+from resumeq.queueing import discard_attempt
 from resumeq.store import Store, decode
 
 
 def status_dict(store: Store, job_id: str) -> dict[str, Any]:
-    """The ``status --json`` object (SPEC §15)."""
-    record = store.get(job_id)
+    """The ``status --json`` object (SPEC §15): the record and its text as of one
+    revision."""
+    record, text = store.snapshot(job_id)
     ledger = store.ledger(job_id)
     return {
         "id": record.id,
         "state": record.state.value,
-        "text": store.text(job_id),
+        "text": text,
         "budget_tokens": record.budget_tokens,
         "floor_tokens": record.floor_tokens,
         "spent_output_tokens": record.spent_output_tokens,
@@ -116,14 +117,12 @@ def requeue_spilled(
     store: Store, job_id: str, *, queue: str | None = None, provider: str | None = None
 ) -> str:
     """Send a spilled job back to ``queue`` (default: its own), maybe with another
-    provider profile; its parked RQ job in the spill lane is replaced. Answers the queue."""
+    provider profile; its parked RQ job in the spill lane is replaced (the outbox does it,
+    or the janitor if this process dies first). Answers the queue."""
     record = store.get(job_id)
     store.requeue(job_id, queue=queue, provider=provider, expected_revision=record.revision)
-    target = queue or record.queue
-    attempt = record.attempt + 1
-    discard_attempt(store.redis, job_id, attempt)
-    enqueue_attempt(store.redis, job_id, queue=target, attempt=attempt)
-    return target
+    outbox.complete(store, store.redis, job_id)
+    return queue or record.queue
 
 
 def drop_spilled(store: Store, job_id: str, *, reason: str) -> None:

@@ -1,4 +1,5 @@
-"""Enqueueing a job: the record first (before any call), then its first attempt's RQ job."""
+"""Enqueueing a job: the record first (before any call), with its first attempt in the
+outbox; then the attempt's RQ job."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Any
 
 import redis
 
+from resumeq import outbox
 from resumeq.models import CreateResult
-from resumeq.queueing import enqueue_attempt
 from resumeq.spec import JobSpec
 from resumeq.store import DEFAULT_QUEUE, Store
 
@@ -22,10 +23,10 @@ def enqueue_job(
 ) -> CreateResult:
     """Validate and write the job record, then enqueue attempt 1.
 
-    With an idempotency key a second call answers the first job and enqueues nothing. If
-    the process dies between the two steps the janitor enqueues the queued job later.
+    With an idempotency key a second call answers the first job (and makes sure its first
+    attempt was enqueued). If the process dies between the two steps, the janitor carries
+    the outbox out.
     """
     result = store.create(spec, queue=queue)
-    if result.created:
-        enqueue_attempt(connection, result.id, queue=queue, attempt=1)
+    outbox.complete(store, connection, result.id)
     return result

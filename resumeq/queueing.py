@@ -19,15 +19,12 @@ from rq import Queue
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.job_lifecycle import record_job_failure
-from rq.registry import StartedJobRegistry
+from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from resumeq.store import check_queue
 
 log = logging.getLogger(__name__)
-
-#: The spill lane: an RQ queue that normal workers do not serve.
-SPILL_QUEUE = "resumeq-spill"
 #: The RQ function that runs one attempt.
 ATTEMPT_FUNC = "resumeq.worker.run_attempt"
 HOOK_FUNC = "resumeq.hooks.run_hook"
@@ -87,21 +84,34 @@ def enqueue_attempt(
     return True
 
 
-def attempt_pending(connection: redis.Redis, job_id: str, attempt: int) -> bool:
-    """Whether the RQ job of that attempt will still run: it is scheduled, started, or
-    queued *and* on its queue's list. A job RQ calls queued but that is on no list was
-    dequeued by a worker that died before starting it; RQ would find it only much later."""
+def fetch_attempt(connection: redis.Redis, job_id: str, attempt: int) -> Job | None:
     try:
-        job = Job.fetch(
+        return Job.fetch(
             attempt_rq_id(job_id, attempt), connection=connection, serializer=JSONSerializer
         )
     except NoSuchJobError:
+        return None
+
+
+def attempt_pending(connection: redis.Redis, job_id: str, attempt: int) -> bool:
+    """Whether the RQ job of that attempt will still run: it is started, scheduled *and* in
+    its queue's scheduled registry, or queued *and* on its queue's list. A job RQ calls
+    queued but that is on no list was dequeued by a worker that died before starting it;
+    one called scheduled but in no registry was half moved by a process that died: RQ
+    would find neither, ever."""
+    job = fetch_attempt(connection, job_id, attempt)
+    if job is None:
         return False
     status = job.get_status(refresh=False)
     if status in _ENDED:
         return False
     if status == JobStatus.QUEUED:
         return rq_queue(job.origin, connection).get_job_position(job.id) is not None
+    if status == JobStatus.SCHEDULED:
+        registry = ScheduledJobRegistry(  # type: ignore[no-untyped-call]
+            job.origin, connection=connection, serializer=JSONSerializer
+        )
+        return job.id in registry
     if status == JobStatus.STARTED and job.started_at is not None:
         # The first thing an attempt does is take the lease. Started long ago and the job
         # still queued: its work horse died before that, and RQ would notice only when
@@ -130,6 +140,35 @@ def fail_dead_attempt(connection: redis.Redis, job_id: str, attempt: int, reason
         record_job_failure(job, reason, pipe)
         pipe.execute()
     return True
+
+
+def enqueue_overdue(queue: Queue, cutoff_s: int) -> list[str]:
+    """Move the queue's scheduled jobs due before ``cutoff_s`` (epoch seconds) onto the
+    queue, each in one transaction (off the registry and onto the list together), as RQ's
+    scheduler does. Answers the RQ ids moved."""
+    registry = ScheduledJobRegistry(queue=queue)  # type: ignore[no-untyped-call]
+    moved = []
+    for rq_id in registry.get_jobs_to_schedule(cutoff_s):
+        job = queue.fetch_job(rq_id)
+        with queue.connection.pipeline() as pipe:
+            if job is not None:  # what RQ's scheduler calls, for the same one transaction
+                queue._enqueue_job(job, pipeline=pipe, at_front=job.should_enqueue_at_front())
+            registry.remove(rq_id, pipeline=pipe)
+            pipe.execute()
+        if job is not None:
+            moved.append(rq_id)
+    return moved
+
+
+def discard_if_elsewhere(connection: redis.Redis, job_id: str, attempt: int, queue: str) -> None:
+    """An attempt's RQ job waiting on another queue than ``queue`` (the spill lane, after
+    an operator requeued the job elsewhere) is deleted, so it can be enqueued where it
+    belongs. One that started already is left alone."""
+    job = fetch_attempt(connection, job_id, attempt)
+    if job is None or job.origin == queue:
+        return
+    if job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.SCHEDULED):
+        discard_attempt(connection, job_id, attempt)
 
 
 def discard_attempt(connection: redis.Redis, job_id: str, attempt: int) -> None:

@@ -163,10 +163,9 @@ class StoreSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    #: Terminal jobs (and their text, events and ledger) expire after this long.
+    #: Terminal jobs (their text, events, ledger and idempotency key too) expire after this
+    #: long.
     retention_s: int = Field(default=7 * 24 * 3600, gt=0)
-    #: An idempotency key is remembered this long (never longer than the job it names).
-    idempotency_ttl_s: int = Field(default=24 * 3600, gt=0)
 
 
 ProfileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]

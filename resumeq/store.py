@@ -3,6 +3,11 @@
 Every method is one round trip (one script, or one read). Every refusal a script answers
 becomes a typed exception from :mod:`resumeq.errors`; redis-py's errors are translated
 here, once. The store works on a bytes-mode Redis client (the one RQ uses too).
+
+No write is re-sent blindly. Each carries a request id, kept in the record by the write
+that applied it; when Redis does not answer, the write is sent again unchanged, and one
+that had been applied answers as it did instead of being refused or applied twice (the
+client must not retry on its own: see :mod:`resumeq.connection`).
 """
 
 from __future__ import annotations
@@ -10,14 +15,16 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, TypeVar
 
 import redis
 
 from resumeq import keys
+from resumeq.connection import connect
 from resumeq.errors import (
     CorruptRecord,
     IdempotencyConflict,
@@ -35,7 +42,15 @@ from resumeq.scripts import Scripts
 from resumeq.settings import StoreSettings
 from resumeq.spec import DEFAULT_LIMITS, JobSpec, Limits, parse_spec
 
+R = TypeVar("R")
+
 DEFAULT_QUEUE = "resumeq"
+#: The spill lane: an RQ queue that normal workers do not serve.
+SPILL_QUEUE = "resumeq-spill"
+#: How often a write is sent when Redis does not answer, and the pause before the first
+#: re-send (doubled each time).
+WRITE_TRIES = 3
+RETRY_PAUSE_S = 0.1
 
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 _OWNER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,100}$")
@@ -70,10 +85,16 @@ def _check_owner(name: str) -> str:
 def redis_errors(op: str) -> Iterator[None]:
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError) as exc:
+        # READONLY: a replica promoted away from under us (a failover): try again later.
         raise RedisUnavailable(f"{op}: Redis unreachable: {exc}") from exc
     except redis.RedisError as exc:
         raise StoreError(f"{op}: Redis answered an error: {exc}") from exc
+
+
+def request_id() -> str:
+    """A write's request id: what makes a re-send of it recognisable."""
+    return secrets.token_hex(8)
 
 
 class ReapResult:
@@ -114,7 +135,7 @@ class Store:
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> Store:
         try:
-            client = redis.Redis.from_url(url)
+            client = connect(url)
         except ValueError as exc:
             raise StoreError(f"invalid Redis URL: {exc}") from None
         return cls(client, **kwargs)
@@ -137,10 +158,9 @@ class Store:
         spec = parse_spec(spec, limits=self.limits)
         check_queue(queue)
         job_id = keys.check_job_id(job_id) if job_id is not None else uuid.uuid4().hex
-        job_keys = [keys.job(job_id), keys.QUEUED]
+        job_keys = [keys.job(job_id), keys.QUEUED, keys.outbox(job_id), keys.OUTBOX]
         if spec.idempotency_key is not None:
             job_keys.append(keys.idempotency(spec.idempotency_key))
-        ttl = min(self.settings.idempotency_ttl_s, self.settings.retention_s)
         args: list[str | int] = [
             job_id,
             spec.to_json(),
@@ -148,10 +168,10 @@ class Store:
             spec.budget_tokens,
             spec.floor_tokens,
             queue,
-            ttl,
             spec.idempotency_key or "",
+            request_id(),
         ]
-        status, *rest = self._run("create", job_keys, args, job_id)
+        status, *rest = self._run("create", job_keys, args, job_id, tries=WRITE_TRIES)
         bound_id = _s(rest[0])
         if status == "created":
             return CreateResult(id=bound_id, created=True)
@@ -170,8 +190,9 @@ class Store:
 
     def cancel(self, job_id: str, *, reason: str = "cancelled") -> int:
         """Cancel a job that is not terminal; answers the new revision."""
-        job_keys = _ending_keys(job_id)
-        return self._write("cancel", job_keys, [reason, self.settings.retention_s], job_id)
+        job_keys = [*_ending_keys(job_id), *self._idempotency_key_of(job_id)]
+        args: list[str | int] = [reason, self.settings.retention_s, request_id()]
+        return self._write("cancel", job_keys, args, job_id)
 
     # -- operator side (the spill lane) ---------------------------------------------------
 
@@ -193,12 +214,20 @@ class Store:
             spec = self.get(job_id).spec.model_copy(update={"provider": provider})
             spec = parse_spec(spec, limits=self.limits)
             spec_json, new_hash = spec.to_json(), spec.prompt_hash()
-        job_keys = [keys.job(job_id), keys.QUEUED, keys.SPILLED, keys.events(job_id)]
+        job_keys = [
+            keys.job(job_id),
+            keys.QUEUED,
+            keys.SPILLED,
+            keys.events(job_id),
+            keys.outbox(job_id),
+            keys.OUTBOX,
+        ]
         args: list[str | int] = [
             check_queue(queue) if queue is not None else "",
             spec_json,
             new_hash,
             _optional(expected_revision),
+            request_id(),
         ]
         return self._write("requeue", job_keys, args, job_id, expected_revision)
 
@@ -210,13 +239,16 @@ class Store:
             keys.events(job_id),
             keys.text(job_id),
             keys.ledger(job_id),
+            keys.outbox(job_id),
+            keys.OUTBOX,
+            *self._idempotency_key_of(job_id),
         ]
-        return self._write("drop", job_keys, [reason, self.settings.retention_s], job_id)
+        args: list[str | int] = [reason, self.settings.retention_s, request_id()]
+        return self._write("drop", job_keys, args, job_id)
 
     def spilled(self, *, limit: int = 1000) -> list[str]:
         """Ids of spilled jobs, oldest spill first."""
-        with redis_errors("spilled"):
-            ids = self.redis.zrange(keys.SPILLED, 0, limit - 1)
+        ids = self._read("spilled", lambda r: r.zrange(keys.SPILLED, 0, limit - 1))
         return [_s(i) for i in ids]
 
     def fail_unreadable(self, job_id: str, *, reason: str) -> int:
@@ -229,12 +261,20 @@ class Store:
     def purge(self, job_id: str) -> int:
         """Remove a job that no worker holds, and everything it owns (text, events, ledger,
         idempotency key). Answers how many keys were deleted."""
-        job_keys = [*keys.job_keys(job_id), keys.LEASES, keys.QUEUED, keys.SPILLED]
-        with redis_errors("purge"):
-            idem = self.redis.hget(keys.job(job_id), "idempotency_key")
-        if idem:
-            job_keys.append(keys.idempotency(decode(idem)))
-        status, *rest = self._run("purge", job_keys, [job_id], job_id)
+        job_keys = [
+            keys.job(job_id),
+            keys.text(job_id),
+            keys.lease(job_id),
+            keys.events(job_id),
+            keys.ledger(job_id),
+            keys.LEASES,
+            keys.QUEUED,
+            keys.SPILLED,
+            keys.outbox(job_id),
+            keys.OUTBOX,
+            *self._idempotency_key_of(job_id),
+        ]
+        status, *rest = self._run("purge", job_keys, [job_id], job_id, tries=WRITE_TRIES)
         if status != "ok":
             self._refused(status, rest, job_id, "purge")
         return int(rest[0])
@@ -242,43 +282,68 @@ class Store:
     # -- reads ---------------------------------------------------------------------------
 
     def get(self, job_id: str) -> JobRecord:
-        with redis_errors("get"):
-            fields = self.redis.hgetall(keys.job(job_id))
+        fields = self._read("get", lambda r: r.hgetall(keys.job(job_id)))
         if not fields:
             raise JobNotFound(f"no job {job_id}", job_id=job_id)
         return _record(job_id, {_s(k): _s(v) for k, v in fields.items()})
 
+    def snapshot(self, job_id: str) -> tuple[JobRecord, str]:
+        """The record and its text as of one revision, read in one transaction: the text
+        is never ahead of the revision (a follower resumes after it without repeats)."""
+
+        def both(r: redis.Redis) -> list[Any]:
+            with r.pipeline(transaction=True) as pipe:
+                pipe.hgetall(keys.job(job_id))
+                pipe.get(keys.text(job_id))
+                return pipe.execute()
+
+        fields, raw = self._read("snapshot", both)
+        if not fields:
+            raise JobNotFound(f"no job {job_id}", job_id=job_id)
+        record = _record(job_id, {_s(k): _s(v) for k, v in fields.items()})
+        return record, _s(raw) if raw is not None else ""
+
     def text(self, job_id: str) -> str:
         """The durable prefix (the whole text once the job is done)."""
-        with redis_errors("text"):
-            raw = self.redis.get(keys.text(job_id))
+        raw = self._read("text", lambda r: r.get(keys.text(job_id)))
         return _s(raw) if raw is not None else ""
 
     def text_bytes(self, job_id: str) -> int:
         """Length of the stored prefix in bytes (UTF-8)."""
-        with redis_errors("text_bytes"):
-            return int(self.redis.strlen(keys.text(job_id)))
+        return int(self._read("text_bytes", lambda r: r.strlen(keys.text(job_id))))
 
     def queued_before(self, age_ms: int, *, limit: int = 200) -> list[str]:
         """Ids of jobs queued at least ``age_ms`` ago (Redis server time), oldest first."""
-        with redis_errors("queued_before"):
-            sec, usec = self.redis.time()
-            cutoff = sec * 1000 + usec // 1000 - age_ms
-            ids = self.redis.zrangebyscore(keys.QUEUED, "-inf", cutoff, start=0, num=limit)
-        return [_s(i) for i in ids]
+        return self._before(keys.QUEUED, age_ms, limit, "queued_before")
 
     def ledger(self, job_id: str) -> list[dict[str, Any]]:
-        with redis_errors("ledger"):
-            raw = self.redis.lrange(keys.ledger(job_id), 0, -1)
+        raw = self._read("ledger", lambda r: r.lrange(keys.ledger(job_id), 0, -1))
         return [json.loads(_s(item)) for item in raw]
 
     def expired_leases(self, *, limit: int = 100) -> list[str]:
         """Ids of jobs whose lease deadline (Redis server time) has passed."""
-        with redis_errors("expired_leases"):
-            sec, usec = self.redis.time()
-            now_ms = sec * 1000 + usec // 1000
-            ids = self.redis.zrangebyscore(keys.LEASES, "-inf", now_ms, start=0, num=limit)
-        return [_s(i) for i in ids]
+        return self._before(keys.LEASES, 0, limit, "expired_leases")
+
+    # -- the outbox ----------------------------------------------------------------------
+
+    def outbox(self, job_id: str) -> dict[str, str]:
+        """What must still follow the job's last commit: field → entry."""
+        raw = self._read("outbox", lambda r: r.hgetall(keys.outbox(job_id)))
+        return {_s(k): _s(v) for k, v in raw.items()}
+
+    def outbox_done(self, job_id: str, field: str, entry: str) -> int:
+        """An outbox entry was carried out: remove it if it is still ``entry``. Answers
+        how many entries the job has left."""
+        job_keys = [keys.outbox(job_id), keys.OUTBOX]
+        status, *rest = self._run("outbox_done", job_keys, [job_id, field, entry], job_id,
+                                  tries=WRITE_TRIES)  # fmt: skip
+        if status != "ok":
+            self._refused(status, rest, job_id, "outbox_done")
+        return int(rest[0])
+
+    def outbox_pending(self, age_ms: int, *, limit: int = 100) -> list[str]:
+        """Ids of jobs whose outbox has held an entry for at least ``age_ms``."""
+        return self._before(keys.OUTBOX, age_ms, limit, "outbox_pending")
 
     # -- owner side ----------------------------------------------------------------------
 
@@ -297,14 +362,16 @@ class Store:
             keys.QUEUED,
             keys.events(job_id),
             keys.text(job_id),
+            keys.outbox(job_id),
+            keys.OUTBOX,
         ]
         args: list[str | int] = [
             _check_owner(worker),
-            secrets.token_hex(6),
+            request_id(),  # the nonce of the fencing token
             _positive(ttl_ms, "ttl_ms"),
             prompt_hash or "",
         ]
-        status, *rest = self._run("acquire", job_keys, args, job_id)
+        status, *rest = self._run("acquire", job_keys, args, job_id, tries=WRITE_TRIES)
         if status == "ok":
             return self._acquired(job_id, rest, ttl_ms)
         if status == "busy":
@@ -338,6 +405,7 @@ class Store:
         tokens: int,
         exact: bool = True,
         extend_lease: bool = True,
+        request: str | None = None,
     ) -> FlushResult:
         """Checkpoint ``delta`` (``tokens`` output tokens) onto the prefix.
 
@@ -349,6 +417,9 @@ class Store:
         final usage chunk, a tokenizer call, an estimate) sends the difference with the
         label. ``tokens`` is never negative: no write lowers the cursor. The owner of a
         ``stalled`` job (a janitor) may flush too: a dead attempt's estimate.
+
+        Sent once: a caller that got no answer sends it again with the same ``request``
+        id, and a flush that had been applied answers as it did.
         """
         if tokens < 0:
             raise ValueError(f"a flush never lowers the cursor (tokens {tokens})")
@@ -367,6 +438,7 @@ class Store:
             tokens,
             "1" if exact else "0",
             lease.ttl_ms if extend_lease else 0,
+            request or request_id(),
         ]
         status, *rest = self._run("flush", job_keys, args, job_id)
         if status != "ok":
@@ -384,8 +456,11 @@ class Store:
         error: str = "",
         ledger: Mapping[str, Any] | None = None,
         expected_revision: int | None = None,
+        hooks: bool = False,
     ) -> int:
-        """End the job as ``done`` or ``failed``; answers the new revision."""
+        """End the job as ``done`` or ``failed``; answers the new revision. A done job
+        with ``hooks`` gets them in its outbox in the same step; its idempotency key
+        expires with it."""
         job_id = lease.job_id
         job_keys = [
             keys.job(job_id),
@@ -394,6 +469,9 @@ class Store:
             keys.events(job_id),
             keys.text(job_id),
             keys.ledger(job_id),
+            keys.outbox(job_id),
+            keys.OUTBOX,
+            *self._idempotency_key_of(job_id),
         ]
         args: list[str | int] = [
             lease.token,
@@ -403,6 +481,8 @@ class Store:
             error,
             _ledger_json(ledger),
             self.settings.retention_s,
+            request_id(),
+            "1" if hooks else "0",
         ]
         return self._write("finish", job_keys, args, job_id, expected_revision)
 
@@ -414,8 +494,11 @@ class Store:
         reason: str,
         ledger: Mapping[str, Any] | None = None,
         expected_revision: int | None = None,
+        delay_ms: int = 0,
     ) -> int:
-        """Apply the gate's exit and give up the lease; answers the new revision.
+        """Apply the gate's exit and give up the lease; answers the new revision. The next
+        attempt (``queued``: after ``delay_ms``; ``spilled``: on the spill lane) goes into
+        the outbox in the same step.
 
         A second spill of the same job is refused with
         :class:`~resumeq.errors.SpillExhausted`.
@@ -430,6 +513,9 @@ class Store:
             keys.SPILLED,
             keys.text(job_id),
             keys.ledger(job_id),
+            keys.outbox(job_id),
+            keys.OUTBOX,
+            *(self._idempotency_key_of(job_id) if to == "abandoned" else []),
         ]
         args: list[str | int] = [
             lease.token,
@@ -438,6 +524,9 @@ class Store:
             reason,
             _ledger_json(ledger),
             self.settings.retention_s,
+            request_id(),
+            _non_negative(delay_ms, "delay_ms"),
+            SPILL_QUEUE,
         ]
         return self._write("release", job_keys, args, job_id, expected_revision)
 
@@ -449,10 +538,10 @@ class Store:
         args: list[str | int] = [
             job_id,
             _check_owner(janitor),
-            secrets.token_hex(6),
+            request_id(),  # the nonce of the fencing token
             _positive(ttl_ms, "ttl_ms"),
         ]
-        status, *rest = self._run("reap", job_keys, args, job_id)
+        status, *rest = self._run("reap", job_keys, args, job_id, tries=WRITE_TRIES)
         if status == "ok":
             acquired = self._acquired(job_id, rest, ttl_ms)
             return ReapResult("reaped", acquired=acquired, state="stalled")
@@ -475,15 +564,64 @@ class Store:
         expected_revision: int | None = None,
     ) -> int:
         """Run a write script whose success answers ``{'ok', revision}``."""
-        status, *rest = self._run(name, job_keys, args, job_id)
+        status, *rest = self._run(name, job_keys, args, job_id, tries=WRITE_TRIES)
         if status != "ok":
             self._refused(status, rest, job_id, name, expected_revision)
         return int(rest[0])
 
-    def _run(self, name: str, job_keys: list[str], args: list[str | int], job_id: str) -> list[Any]:
-        with redis_errors(name):
-            reply = self._scripts.run(name, job_keys, args)
-        return [_s(reply[0]), *reply[1:]]
+    def _run(
+        self,
+        name: str,
+        job_keys: list[str],
+        args: list[str | int],
+        job_id: str,
+        *,
+        tries: int = 1,
+    ) -> list[Any]:
+        """Run a script; when Redis does not answer, send it again unchanged up to
+        ``tries`` times (a write's request id makes a re-send that was applied answer as
+        it did)."""
+        pause = RETRY_PAUSE_S
+        for left in range(tries - 1, -1, -1):
+            try:
+                with redis_errors(name):
+                    reply = self._scripts.run(name, job_keys, args)
+                return [_s(reply[0]), *reply[1:]]
+            except RedisUnavailable:
+                if not left:
+                    raise
+                time.sleep(pause)
+                pause *= 2
+        raise AssertionError("unreachable")
+
+    def _read(self, op: str, fn: Callable[[redis.Redis], R]) -> R:
+        """A read (idempotent), tried again once if Redis does not answer."""
+        for left in (1, 0):
+            try:
+                with redis_errors(op):
+                    return fn(self.redis)
+            except RedisUnavailable:
+                if not left:
+                    raise
+                time.sleep(RETRY_PAUSE_S)
+        raise AssertionError("unreachable")
+
+    def _before(self, index: str, age_ms: int, limit: int, op: str) -> list[str]:
+        """Ids in a zset scored by time whose score is at least ``age_ms`` old (Redis
+        server time), oldest first."""
+
+        def ids(r: redis.Redis) -> list[Any]:
+            sec, usec = r.time()
+            cutoff = sec * 1000 + usec // 1000 - age_ms
+            return r.zrangebyscore(index, "-inf", cutoff, start=0, num=limit)
+
+        return [_s(i) for i in self._read(op, ids)]
+
+    def _idempotency_key_of(self, job_id: str) -> list[str]:
+        """The key of the job's idempotency key, if it has one (set once, at create)."""
+        with redis_errors("idempotency key"):
+            idem = self.redis.hget(keys.job(job_id), "idempotency_key")
+        return _idempotency_keys(decode(idem) if idem else None)
 
     def _acquired(self, job_id: str, rest: list[Any], ttl_ms: int) -> Acquired:
         token, deadline, *flat = rest
@@ -523,7 +661,7 @@ class Store:
             )
         if status == "corrupt":
             raise CorruptRecord(
-                f"{op}: job {job_id}: corrupt record: field {detail} is not an integer",
+                f"{op}: job {job_id}: corrupt record: field {detail} is missing or invalid",
                 job_id=job_id,
             )
         if status == "bad_argument":
@@ -544,7 +682,13 @@ def _ending_keys(job_id: str) -> list[str]:
         keys.events(job_id),
         keys.text(job_id),
         keys.ledger(job_id),
+        keys.outbox(job_id),
+        keys.OUTBOX,
     ]
+
+
+def _idempotency_keys(key: str | None) -> list[str]:
+    return [keys.idempotency(key)] if key else []
 
 
 def _record(job_id: str, fields: dict[str, str]) -> JobRecord:

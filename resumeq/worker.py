@@ -49,9 +49,9 @@ from resumeq.providers import (
     Usage,
     make_client,
 )
-from resumeq.queueing import SPILL_QUEUE
 from resumeq.settings import ProviderProfile
 from resumeq.splice import Splicer, SpliceReport
+from resumeq.store import SPILL_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,8 @@ class AttemptRunner:
             return "skipped"
         try:
             return self._attempt(got.lease, got.record)
-        except WriteRefused as exc:
+        except (WriteRefused, JobNotFound) as exc:
+            # Fenced out, cancelled, or purged meanwhile: nothing more may be written.
             log.warning("job %s: stopped, %s", job_id, exc)
             return "lost"
 

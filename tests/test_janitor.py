@@ -62,11 +62,27 @@ def test_several_janitors_reap_each_job_once(janitor: Janitor) -> None:
     assert all(len(store.ledger(i)) == 1 for i in ids)
 
 
-def test_a_queued_job_without_an_rq_job_is_enqueued_again(
+def test_a_job_whose_producer_died_after_writing_it_is_enqueued(
+    janitor: Janitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record holds its first attempt in the outbox: the janitor carries it out."""
+    store = janitor.store
+    job_id = store.create(SPEC).id  # written, but its RQ job never was
+    assert janitor.sweep().followed_up == []  # the producer's own moment first
+    monkeypatch.setattr("resumeq.outbox.JANITOR_GRACE_MS", 0)
+    report = janitor.sweep()
+    assert report.followed_up == [job_id] and report.requeued == []
+    assert rq_queue("resumeq", store.redis).fetch_job(attempt_rq_id(job_id, 1)) is not None
+    assert store.outbox(job_id) == {}
+    assert janitor.sweep().followed_up == []  # once
+
+
+def test_a_queued_job_whose_rq_job_vanished_is_enqueued_again(
     janitor: Janitor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = janitor.store
-    job_id = store.create(SPEC).id  # written, but its RQ job never was
+    job_id = enqueue_job(store, store.redis, SPEC).id
+    rq_queue("resumeq", store.redis).fetch_job(attempt_rq_id(job_id, 1)).delete()  # type: ignore[union-attr]
     monkeypatch.setattr("resumeq.janitor.VANISHED_GRACE_MS", 0)
     report = janitor.sweep()
     assert report.requeued == [job_id]

@@ -14,7 +14,7 @@ def test_job_keys_share_one_hash_tag() -> None:
     job_id = "0123abcd"
     tags = {re.search(r"\{([^}]*)\}", k).group(1) for k in keys.job_keys(job_id)}  # type: ignore[union-attr]
     assert tags == {job_id}
-    assert len(set(keys.job_keys(job_id))) == 5
+    assert len(set(keys.job_keys(job_id))) == 6
     assert all(k.startswith("resumeq:job:{0123abcd}") for k in keys.job_keys(job_id))
 
 

@@ -485,7 +485,13 @@ def test_purge_removes_everything_a_job_owns(store: Store) -> None:
     other = store.create(spec(idempotency_key="kept")).id
     assert store.purge(job_id) == 4  # job, text, events, ledger
     assert sorted(store.redis.scan_iter("*")) == sorted(
-        [keys.job(other).encode(), keys.QUEUED.encode(), keys.idempotency("kept").encode()]
+        [
+            keys.job(other).encode(),
+            keys.QUEUED.encode(),
+            keys.idempotency("kept").encode(),
+            keys.outbox(other).encode(),  # its first attempt, to be enqueued
+            keys.OUTBOX.encode(),
+        ]
     )
     with pytest.raises(JobNotFound):
         store.purge(job_id)
@@ -494,7 +500,7 @@ def test_purge_removes_everything_a_job_owns(store: Store) -> None:
 
 
 def test_terminal_jobs_expire_after_the_retention(store: Store) -> None:
-    short = Store(store.redis, settings=StoreSettings(retention_s=1, idempotency_ttl_s=1))
+    short = Store(store.redis, settings=StoreSettings(retention_s=1))
     got = started(short, idempotency_key="short-lived")
     short.flush(got.lease, expected_revision=1, delta="gone soon", tokens=1)
     short.finish(got.lease, state="done", ledger={"kind": "fresh"})

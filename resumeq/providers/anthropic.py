@@ -96,6 +96,7 @@ class AnthropicStream(ProviderStream):
             text = delta.get("text")
             if not isinstance(text, str):
                 raise MalformedChunk("text_delta without text")
+            text = self._unicode(text)
             if text:
                 # A delta carries one token or several: one is what is known for sure.
                 yield TextDelta(text, 1, exact=False)
@@ -104,7 +105,7 @@ class AnthropicStream(ProviderStream):
             value = delta.get(field)
             if not isinstance(value, str):
                 raise MalformedChunk(f"{kind} without {field}")
-            yield OutputDelta(channel, value, 1, exact=False)
+            yield OutputDelta(channel, self._unicode(value, channel), 1, exact=False)
         elif kind in _PROGRESS:
             self._note_progress()
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import email.utils
 import json
 import os
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
@@ -43,11 +44,14 @@ from resumeq.errors import (
     ProviderUnavailable,
     RateLimited,
     Stalled,
+    StreamCut,
     Truncated,
     UnreadableCount,
 )
 from resumeq.providers.sse import iter_events
 from resumeq.settings import ProviderProfile
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 #: Error bodies longer than this are cut before they go into an exception.
 MAX_ERROR_BODY = 4_096
@@ -178,8 +182,20 @@ class ProviderStream(ABC):
         self.usage = Usage()
         self.closed = False
         self._deadline = time.monotonic() + stall_timeout_s
+        #: Per channel, the first half of a surrogate pair whose second half is to come.
+        self._high: dict[str, str] = {}
 
     def __iter__(self) -> Iterator[StreamEvent]:
+        """The stream's events. Once the provider said its finish reason the answer is
+        whole: whatever happens to the connection after it (a drop before ``[DONE]``, a
+        stall, a broken last chunk) ends the stream normally."""
+        try:
+            yield from self._events()
+        except StreamCut:
+            if self.finish_reason is None or self.closed:
+                raise
+
+    def _events(self) -> Iterator[StreamEvent]:
         self._note_progress()
         try:
             yield from self._read()
@@ -195,6 +211,24 @@ class ProviderStream(ABC):
             return
         if self.finish_reason is None:
             raise Truncated("the stream ended without a finish reason")
+        if any(self._high.values()):
+            raise MalformedChunk("the stream ended inside a surrogate pair")
+
+    def _unicode(self, text: str, channel: str = "text") -> str:
+        """``text`` as valid Unicode. A JSON string may carry a UTF-16 surrogate (a server
+        that splits an emoji across two chunks sends its halves apart): a pair split across
+        chunks is joined; a half without its other half is a malformed chunk, never text."""
+        text = self._high.pop(channel, "") + text
+        if not _SURROGATE.search(text):
+            return text
+        if "\ud800" <= text[-1] <= "\udbff":
+            self._high[channel] = text[-1]
+            text = text[:-1]
+        try:
+            return text.encode("utf-16", "surrogatepass").decode("utf-16")
+        except UnicodeDecodeError:
+            why = f"{channel} holds a lone UTF-16 surrogate: {text[:40]!r}"
+            raise MalformedChunk(why) from None
 
     def _read(self) -> Iterator[StreamEvent]:
         self._check_content_type()

@@ -110,8 +110,9 @@ class OpenAIStream(ProviderStream):
             delta = choice.get("delta") or {}
             if not isinstance(delta, dict):
                 raise MalformedChunk(f"delta is not an object: {raw[:120]!r}")
-            parts.text += _string(delta, "content", raw)
-            parts.reasoning += "".join(_string(delta, key, raw) for key in _REASONING)
+            parts.text += self._unicode(_string(delta, "content", raw))
+            reasoning = "".join(_string(delta, key, raw) for key in _REASONING)
+            parts.reasoning += self._unicode(reasoning, "reasoning")
             for key in _OTHER_OUTPUT:
                 value = delta.get(key)
                 if value:

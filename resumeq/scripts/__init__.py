@@ -27,6 +27,7 @@ NAMES = (
     "drop",
     "fail",
     "purge",
+    "outbox_done",
 )
 
 

@@ -2,6 +2,8 @@
 -- Scripts answer with a table whose first element is a status string; the Python side
 -- turns every status into a typed result or a typed exception.
 
+local unpack = unpack or table.unpack
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -25,7 +27,8 @@ local function event(events, rev, ...)
   redis.call('XADD', events, '*', 'rev', fmt(rev), ...)
 end
 
--- A terminal job and everything it owns expire after the retention.
+-- A terminal job and everything it owns expire after the retention (keys that do not
+-- exist are skipped, so an optional key may be passed as nil or a name).
 local function retire(retention_s, ...)
   local ttl = tonumber(retention_s)
   if ttl and ttl > 0 then
@@ -35,17 +38,75 @@ local function retire(retention_s, ...)
   end
 end
 
+-- The idempotency key lives exactly as long as its job: it expires with it (and only if
+-- it still names this job).
+local function retire_idempotency(idem, id, retention_s)
+  if idem then
+    local bound = redis.call('GET', idem)
+    if bound and string.sub(bound, 1, #id + 1) == id .. ':' then
+      retire(retention_s, idem)
+    end
+  end
+end
+
 -- A record edited by hand must be refused before anything is written: Redis does not
--- roll a script back when it fails half way. Answers the refusal, or nil.
+-- roll a script back when it fails half way. Every field a script reads is checked here,
+-- in one HMGET. Answers the refusal, or nil.
+local STATES = { queued = true, running = true, stalled = true, spilled = true, done = true,
+  failed = true, cancelled = true, abandoned = true, dropped = true }
 local NUMERIC = { 'revision', 'attempt', 'spent_output_tokens', 'spill_count', 'budget_tokens' }
+local TEXT = { 'id', 'queue', 'prompt_hash', 'spec' }
+local CHECKED = { 'state', 'counts_exact', unpack(NUMERIC) }
+for _, field in ipairs(TEXT) do
+  CHECKED[#CHECKED + 1] = field
+end
 local function corrupt(job)
-  for _, field in ipairs(NUMERIC) do
-    local value = redis.call('HGET', job, field)
+  local values = redis.call('HMGET', job, unpack(CHECKED))
+  if not STATES[values[1]] then
+    return { 'corrupt', 'state' }
+  end
+  if values[2] ~= '0' and values[2] ~= '1' then
+    return { 'corrupt', 'counts_exact' }
+  end
+  for i, field in ipairs(NUMERIC) do
+    local value = values[2 + i]
     if not value or not string.match(value, '^%-?%d+$') then
       return { 'corrupt', field }
     end
   end
+  for i, field in ipairs(TEXT) do
+    local value = values[2 + #NUMERIC + i]
+    if not value or value == '' then
+      return { 'corrupt', field }
+    end
+  end
   return nil
+end
+
+-- A write whose reply was lost is sent again with the same request id. The id of the last
+-- write applied is kept in the record: a re-sent write that was applied is recognised,
+-- and answers as it did, instead of being refused (or applied twice).
+local function replayed(job, rid)
+  return rid ~= '' and redis.call('HGET', job, 'last_write') == rid
+end
+
+local function stamp(job, rid)
+  if rid ~= '' then
+    redis.call('HSET', job, 'last_write', rid)
+  end
+end
+
+-- The outbox: what must follow a commit, written by the script that commits and completed
+-- (idempotently) by the committer, or by a janitor if it died. A job's entries live in its
+-- outbox hash; the global zset says which jobs have some, since when.
+local function outbox_add(outbox, pending, id, field, value, now)
+  redis.call('HSET', outbox, field, value)
+  redis.call('ZADD', pending, 'NX', fmt(now), id)
+end
+
+local function outbox_clear(outbox, pending, id)
+  redis.call('DEL', outbox)
+  redis.call('ZREM', pending, id)
 end
 
 -- The checks every fenced write makes, in order: the job exists, it was not cancelled,

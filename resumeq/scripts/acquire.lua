@@ -1,15 +1,28 @@
 -- acquire: take a queued job's lease (SET NX PX) with a fresh fencing token; attempt + 1,
--- queued -> running, deadline into the leases zset.
+-- queued -> running, deadline into the leases zset. The outbox entry that enqueued this
+-- attempt has evidently been done: it is removed.
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] queued zset
--- KEYS[5] events stream   KEYS[6] text
--- ARGV[1] worker id   ARGV[2] nonce   ARGV[3] lease TTL (ms)
+-- KEYS[5] events stream   KEYS[6] text   KEYS[7] outbox hash   KEYS[8] outbox zset
+-- ARGV[1] worker id   ARGV[2] nonce (also the request id)   ARGV[3] lease TTL (ms)
 -- ARGV[4] prompt hash the caller will generate for ('' to skip the check)
 -- Answers: {'ok', token, deadline, <job hash as field, value, ...>} | {'not_found'}
---   | {'wrong_state', state} | {'busy'} | {'conflict', stored hash}
+--   | {'wrong_state', state} | {'busy'} | {'conflict', stored hash} | {'corrupt', field}
 local job, lease, leases, queued = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local events, text = KEYS[5], KEYS[6]
+local events, text, outbox, pending = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local ttl = tonumber(ARGV[3])
 
+local function answer(token, deadline)
+  local out = { 'ok', token, deadline }
+  for _, v in ipairs(redis.call('HGETALL', job)) do
+    out[#out + 1] = v
+  end
+  return out
+end
+
+if replayed(job, ARGV[2]) and redis.call('HGET', job, 'state') == 'running' then
+  local deadline = redis.call('ZSCORE', leases, redis.call('HGET', job, 'id'))
+  return answer(redis.call('HGET', job, 'lease_token'), fmt(tonumber(deadline) or now_ms()))
+end
 local refused = expect_state(job, { queued = true })
 if refused then
   return refused
@@ -32,13 +45,17 @@ redis.call('HSET', job, 'state', 'running', 'lease_token', token, 'attempt', fmt
   'attempt_spent_base', redis.call('HGET', job, 'spent_output_tokens'),
   'attempt_text_base', fmt(redis.call('STRLEN', text)),
   'attempt_started_ms', fmt(now))
+stamp(job, ARGV[2])
 local rev = bump(job, now)
 local deadline = fmt(now + ttl)
 redis.call('ZADD', leases, deadline, id)
 redis.call('ZREM', queued, id)
-event(events, rev, 'state', 'running', 'attempt', fmt(attempt))
-local out = { 'ok', token, deadline }
-for _, v in ipairs(redis.call('HGETALL', job)) do
-  out[#out + 1] = v
+local entry = redis.call('HGET', outbox, 'attempt')
+if entry and tonumber(string.match(entry, '^[^|]*|(%d+)|')) <= attempt then
+  redis.call('HDEL', outbox, 'attempt')
+  if redis.call('HLEN', outbox) == 0 then
+    redis.call('ZREM', pending, id)
+  end
 end
-return out
+event(events, rev, 'state', 'running', 'attempt', fmt(attempt))
+return answer(token, deadline)

@@ -1,12 +1,17 @@
 -- cancel: end a job that is not terminal yet. The owner's next renew or flush is refused
--- with 'cancelled', so it closes its stream.
+-- with 'cancelled', so it closes its stream. Nothing follows a cancel: the outbox is
+-- cleared.
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] queued zset
 -- KEYS[5] spilled zset   KEYS[6] events stream   KEYS[7] text   KEYS[8] ledger list
--- ARGV[1] reason   ARGV[2] retention (s)
--- Answers: {'ok', revision} | {'not_found'} | {'wrong_state', state}
+-- KEYS[9] outbox hash   KEYS[10] outbox zset   KEYS[11] idempotency key (optional)
+-- ARGV[1] reason   ARGV[2] retention (s)   ARGV[3] request id
+-- Answers: {'ok', revision} | {'not_found'} | {'wrong_state', state} | {'corrupt', field}
 local job, lease, leases, queued, spilled = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local events, text, ledger = KEYS[6], KEYS[7], KEYS[8]
+local events, text, ledger, outbox, pending, idem = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
 
+if replayed(job, ARGV[3]) then
+  return { 'ok', redis.call('HGET', job, 'revision') }
+end
 local refused = expect_state(job, nil)
 if refused then
   return refused
@@ -14,11 +19,14 @@ end
 local now = now_ms()
 local id = redis.call('HGET', job, 'id')
 redis.call('HSET', job, 'state', 'cancelled', 'reason', ARGV[1], 'finished_ms', fmt(now))
+stamp(job, ARGV[3])
 local rev = bump(job, now)
 redis.call('DEL', lease)
 redis.call('ZREM', leases, id)
 redis.call('ZREM', queued, id)
 redis.call('ZREM', spilled, id)
+outbox_clear(outbox, pending, id)
 event(events, rev, 'state', 'cancelled', 'reason', ARGV[1])
 retire(ARGV[2], job, text, events, ledger)
+retire_idempotency(idem, id, ARGV[2])
 return { 'ok', fmt(rev) }

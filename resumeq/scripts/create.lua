@@ -1,17 +1,23 @@
--- create: write a job record before the first call (state queued, cursor 0, revision 0).
--- KEYS[1] job hash   KEYS[2] queued zset   KEYS[3] idempotency key (optional)
+-- create: write a job record before the first call (state queued, cursor 0, revision 0),
+-- with its first attempt in the outbox.
+-- KEYS[1] job hash   KEYS[2] queued zset   KEYS[3] outbox hash   KEYS[4] outbox zset
+-- KEYS[5] idempotency key (optional)
 -- ARGV[1] job id   ARGV[2] spec JSON   ARGV[3] prompt hash   ARGV[4] budget tokens
--- ARGV[5] floor tokens   ARGV[6] queue name   ARGV[7] idempotency TTL (s)
--- ARGV[8] idempotency key as given
+-- ARGV[5] floor tokens   ARGV[6] queue name   ARGV[7] idempotency key as given
+-- ARGV[8] request id
 -- Answers: {'created', id} | {'exists', id} | {'idempotency_conflict', id} | {'id_taken', id}
-local job, queued, idem = KEYS[1], KEYS[2], KEYS[3]
-local id, hash = ARGV[1], ARGV[3]
+local job, queued, outbox, pending, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local id, hash, queue = ARGV[1], ARGV[3], ARGV[6]
 
+if replayed(job, ARGV[8]) then
+  return { 'created', id }
+end
 if idem then
   local bound = redis.call('GET', idem)
   if bound then
     local sep = string.find(bound, ':', 1, true)
     local bound_id, bound_hash = string.sub(bound, 1, sep - 1), string.sub(bound, sep + 1)
+    -- The key lives exactly as long as its job: it expires with it, and purge deletes it.
     if bound_hash ~= hash then
       return { 'idempotency_conflict', bound_id }
     end
@@ -22,15 +28,18 @@ if redis.call('EXISTS', job) == 1 then
   return { 'id_taken', id }
 end
 
-local now = fmt(now_ms())
+local now = now_ms()
 redis.call('HSET', job,
-  'id', id, 'spec', ARGV[2], 'prompt_hash', hash, 'state', 'queued', 'queue', ARGV[6],
+  'id', id, 'spec', ARGV[2], 'prompt_hash', hash, 'state', 'queued', 'queue', queue,
   'budget_tokens', ARGV[4], 'floor_tokens', ARGV[5], 'spent_output_tokens', '0',
   'counts_exact', '1', 'revision', '0', 'attempt', '0', 'spill_count', '0',
-  'created_ms', now, 'updated_ms', now)
-redis.call('ZADD', queued, now, id)
+  'created_ms', fmt(now), 'updated_ms', fmt(now))
+stamp(job, ARGV[8])
+redis.call('ZADD', queued, fmt(now), id)
+outbox_add(outbox, pending, id, 'attempt', queue .. '|1|' .. fmt(now), now)
 if idem then
-  redis.call('SET', idem, id .. ':' .. hash, 'EX', ARGV[7])
-  redis.call('HSET', job, 'idempotency_key', ARGV[8])
+  -- No TTL while the job lives: the key expires with the job (see retire_idempotency).
+  redis.call('SET', idem, id .. ':' .. hash)
+  redis.call('HSET', job, 'idempotency_key', ARGV[7])
 end
 return { 'created', id }

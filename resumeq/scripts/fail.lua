@@ -2,15 +2,17 @@
 -- deleted) as failed, with the reason, without trusting any of its fields.
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] queued zset
 -- KEYS[5] spilled zset   KEYS[6] events stream   KEYS[7] text   KEYS[8] ledger list
+-- KEYS[9] outbox hash   KEYS[10] outbox zset
 -- ARGV[1] job id   ARGV[2] reason   ARGV[3] retention (s)
 -- Answers: {'ok', revision} | {'not_found'} | {'wrong_state', state}
 local job, lease, leases, queued, spilled = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local events, text, ledger = KEYS[6], KEYS[7], KEYS[8]
+local events, text, ledger, outbox, pending = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local id = ARGV[1]
 
 for _, index in ipairs({ leases, queued, spilled }) do
   redis.call('ZREM', index, id)
 end
+outbox_clear(outbox, pending, id)
 if redis.call('EXISTS', job) == 0 then
   redis.call('DEL', lease)
   return { 'not_found' }

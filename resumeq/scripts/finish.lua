@@ -1,17 +1,24 @@
 -- finish: the owner ends the job as done or failed, appends its attempt's ledger record,
--- drops the lease and starts the retention clock.
+-- drops the lease and starts the retention clock. A done job with hooks gets them in its
+-- outbox, in the same step: they run even if the owner dies right after.
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] events stream
--- KEYS[5] text   KEYS[6] ledger list
+-- KEYS[5] text   KEYS[6] ledger list   KEYS[7] outbox hash   KEYS[8] outbox zset
+-- KEYS[9] idempotency key (optional)
 -- ARGV[1] fencing token   ARGV[2] expected revision ('' for any)   ARGV[3] 'done' | 'failed'
 -- ARGV[4] finish reason   ARGV[5] error   ARGV[6] ledger record JSON ('' for none)
--- ARGV[7] retention (s)
+-- ARGV[7] retention (s)   ARGV[8] request id   ARGV[9] '1' if the job has hooks
 -- Answers: {'ok', revision} | {'not_found'} | {'cancelled'} | {'lease_lost', state}
 --   | {'wrong_state', state} | {'stale_revision', current} | {'bad_argument', what}
+--   | {'corrupt', field}
 local job, lease, leases, events, text, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local outbox, pending, idem = KEYS[7], KEYS[8], KEYS[9]
 local to_state = ARGV[3]
 
 if to_state ~= 'done' and to_state ~= 'failed' then
   return { 'bad_argument', 'state ' .. to_state }
+end
+if replayed(job, ARGV[8]) then
+  return { 'ok', redis.call('HGET', job, 'revision') }
 end
 local refused = fence(job, lease, ARGV[1], { running = true, stalled = true })
   or check_revision(job, ARGV[2])
@@ -20,14 +27,23 @@ if refused then
 end
 
 local now = now_ms()
+local id = redis.call('HGET', job, 'id')
 redis.call('HSET', job, 'state', to_state, 'finish_reason', ARGV[4], 'error', ARGV[5],
   'finished_ms', fmt(now))
+stamp(job, ARGV[8])
 local rev = bump(job, now)
 redis.call('DEL', lease)
-redis.call('ZREM', leases, redis.call('HGET', job, 'id'))
+redis.call('ZREM', leases, id)
 if ARGV[6] ~= '' then
   redis.call('RPUSH', ledger, ARGV[6])
 end
+redis.call('HDEL', outbox, 'attempt')
+if to_state == 'done' and ARGV[9] == '1' then
+  outbox_add(outbox, pending, id, 'hooks', redis.call('HGET', job, 'queue'), now)
+elseif redis.call('HLEN', outbox) == 0 then
+  redis.call('ZREM', pending, id)
+end
 event(events, rev, 'state', to_state, 'finish_reason', ARGV[4], 'error', ARGV[5])
-retire(ARGV[7], job, text, events, ledger)
+retire(ARGV[7], job, text, events, ledger, outbox)
+retire_idempotency(idem, id, ARGV[7])
 return { 'ok', fmt(rev) }

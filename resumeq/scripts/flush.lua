@@ -1,19 +1,24 @@
 -- flush: the checkpoint, in one round trip. Checks the fencing token and the expected
 -- revision, APPENDs the delta to the prefix (never rewrites it), spent + n, revision + 1,
 -- XADDs the event, and extends the lease (a flush is proof of life). The owner of a
--- stalled job (a janitor) flushes a dead attempt's estimated count this way.
+-- stalled job (a janitor) flushes a dead attempt's estimated count this way. A flush sent
+-- again after its reply was lost answers as it did.
 -- KEYS[1] job hash   KEYS[2] text   KEYS[3] lease   KEYS[4] events stream
 -- KEYS[5] leases zset
 -- ARGV[1] fencing token   ARGV[2] expected revision   ARGV[3] delta text
 -- ARGV[4] output tokens in the delta (never negative: no write lowers the cursor)
 -- ARGV[5] '1' if this attempt's total is exact after the flush, '0' if it is an estimate
--- ARGV[6] lease TTL (ms), 0 to leave the lease alone
+-- ARGV[6] lease TTL (ms), 0 to leave the lease alone   ARGV[7] request id
 -- Answers: {'ok', revision, spent, prefix bytes} | {'not_found'} | {'cancelled'}
 --   | {'lease_lost', state} | {'wrong_state', state} | {'stale_revision', current}
---   | {'bad_argument', what}
+--   | {'bad_argument', what} | {'corrupt', field}
 local job, text, lease, events, leases = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local delta, ttl = ARGV[3], tonumber(ARGV[6])
 
+if replayed(job, ARGV[7]) then
+  return { 'ok', redis.call('HGET', job, 'revision'), redis.call('HGET', job, 'spent_output_tokens'),
+    fmt(redis.call('STRLEN', text)) }
+end
 local refused = fence(job, lease, ARGV[1], { running = true, stalled = true })
   or check_revision(job, ARGV[2])
 if refused then
@@ -35,6 +40,7 @@ if ARGV[5] == '1' then
 else
   redis.call('HSET', job, 'counts_exact', '0')
 end
+stamp(job, ARGV[7])
 local rev = bump(job, now)
 event(events, rev, 'delta', delta, 'spent', fmt(spent), 'exact', ARGV[5])
 if ttl > 0 then

@@ -2,11 +2,12 @@
 -- request). A job a worker or janitor holds is refused: cancel it first.
 -- KEYS[1] job hash   KEYS[2] text   KEYS[3] lease   KEYS[4] events stream
 -- KEYS[5] ledger list   KEYS[6] leases zset   KEYS[7] queued zset   KEYS[8] spilled zset
--- KEYS[9] idempotency key (optional)
+-- KEYS[9] outbox hash   KEYS[10] outbox zset   KEYS[11] idempotency key (optional)
 -- ARGV[1] job id
 -- Answers: {'ok', keys removed} | {'not_found'} | {'wrong_state', state}
 local job, text, lease, events, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local leases, queued, spilled, idem = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local leases, queued, spilled = KEYS[6], KEYS[7], KEYS[8]
+local outbox, pending, idem = KEYS[9], KEYS[10], KEYS[11]
 local id = ARGV[1]
 
 local state = redis.call('HGET', job, 'state')
@@ -22,7 +23,7 @@ if idem then
     redis.call('DEL', idem)
   end
 end
-for _, index in ipairs({ leases, queued, spilled }) do
+for _, index in ipairs({ leases, queued, spilled, pending }) do
   redis.call('ZREM', index, id)
 end
-return { 'ok', fmt(redis.call('DEL', job, text, lease, events, ledger)) }
+return { 'ok', fmt(redis.call('DEL', job, text, lease, events, ledger, outbox)) }

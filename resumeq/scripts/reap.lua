@@ -2,12 +2,25 @@
 -- a lease of its own, so that it can apply the gate through release/finish like a worker.
 -- A stalled job whose janitor died in turn is reaped again. Stale zset entries are removed.
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] events stream
--- ARGV[1] job id   ARGV[2] janitor id   ARGV[3] nonce   ARGV[4] lease TTL (ms)
+-- ARGV[1] job id   ARGV[2] janitor id   ARGV[3] nonce (also the request id)
+-- ARGV[4] lease TTL (ms)
 -- Answers: {'ok', token, deadline, <job hash as field, value, ...>} | {'not_found'}
 --   | {'not_running', state} | {'alive', deadline} | {'corrupt', field}
 local job, lease, leases, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id, ttl = ARGV[1], tonumber(ARGV[4])
 
+local function answer(token, deadline)
+  local out = { 'ok', token, deadline }
+  for _, v in ipairs(redis.call('HGETALL', job)) do
+    out[#out + 1] = v
+  end
+  return out
+end
+
+if replayed(job, ARGV[3]) and redis.call('HGET', job, 'state') == 'stalled' then
+  local deadline = redis.call('ZSCORE', leases, id)
+  return answer(redis.call('HGET', job, 'lease_token'), fmt(tonumber(deadline) or now_ms()))
+end
 local state = redis.call('HGET', job, 'state')
 if not state then
   redis.call('ZREM', leases, id)
@@ -38,12 +51,9 @@ if state == 'running' then
   redis.call('HSET', job, 'stalled_owner', redis.call('HGET', job, 'lease_token') or '')
 end
 redis.call('HSET', job, 'state', 'stalled', 'lease_token', token)
+stamp(job, ARGV[3])
 local rev = bump(job, now)
 local deadline = fmt(now + ttl)
 redis.call('ZADD', leases, deadline, id)
 event(events, rev, 'state', 'stalled')
-local out = { 'ok', token, deadline }
-for _, v in ipairs(redis.call('HGETALL', job)) do
-  out[#out + 1] = v
-end
-return out
+return answer(token, deadline)

@@ -1,20 +1,28 @@
 -- release: the owner (a worker after a cut, or a janitor after a reap) applies the gate's
 -- exit: back to queued for a retry or continuation, abandoned (terminal, partial text
--- kept) or spilled (at most once per job). Appends the attempt's ledger record.
+-- kept) or spilled (at most once per job). Appends the attempt's ledger record. The next
+-- attempt (on the job's queue, after the delay; or on the spill lane) goes into the
+-- outbox in the same step: it is enqueued even if the owner dies right after.
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] events stream
 -- KEYS[5] queued zset   KEYS[6] spilled zset   KEYS[7] text   KEYS[8] ledger list
+-- KEYS[9] outbox hash   KEYS[10] outbox zset   KEYS[11] idempotency key (optional)
 -- ARGV[1] fencing token   ARGV[2] expected revision ('' for any)
 -- ARGV[3] 'queued' | 'abandoned' | 'spilled'   ARGV[4] reason
--- ARGV[5] ledger record JSON ('' for none)   ARGV[6] retention (s)
+-- ARGV[5] ledger record JSON ('' for none)   ARGV[6] retention (s)   ARGV[7] request id
+-- ARGV[8] the next attempt's delay (ms)   ARGV[9] the spill lane's queue
 -- Answers: {'ok', revision} | {'not_found'} | {'cancelled'} | {'lease_lost', state}
 --   | {'wrong_state', state} | {'stale_revision', current} | {'spill_exhausted'}
---   | {'bad_argument', what}
+--   | {'bad_argument', what} | {'corrupt', field}
 local job, lease, leases, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queued, spilled, text, ledger = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local outbox, pending, idem = KEYS[9], KEYS[10], KEYS[11]
 local to_state = ARGV[3]
 
 if to_state ~= 'queued' and to_state ~= 'abandoned' and to_state ~= 'spilled' then
   return { 'bad_argument', 'state ' .. to_state }
+end
+if replayed(job, ARGV[7]) then
+  return { 'ok', redis.call('HGET', job, 'revision') }
 end
 local refused = fence(job, lease, ARGV[1], { running = true, stalled = true })
   or check_revision(job, ARGV[2])
@@ -27,7 +35,9 @@ end
 
 local now = now_ms()
 local id = redis.call('HGET', job, 'id')
+local next_attempt = fmt(tonumber(redis.call('HGET', job, 'attempt')) + 1)
 redis.call('HSET', job, 'state', to_state, 'reason', ARGV[4])
+stamp(job, ARGV[7])
 local rev = bump(job, now)
 redis.call('DEL', lease)
 redis.call('ZREM', leases, id)
@@ -36,13 +46,19 @@ if ARGV[5] ~= '' then
 end
 if to_state == 'queued' then
   redis.call('ZADD', queued, fmt(now), id)
+  local due = fmt(now + (tonumber(ARGV[8]) or 0))
+  outbox_add(outbox, pending, id, 'attempt',
+    redis.call('HGET', job, 'queue') .. '|' .. next_attempt .. '|' .. due, now)
 elseif to_state == 'spilled' then
   redis.call('HINCRBY', job, 'spill_count', 1)
   redis.call('HSET', job, 'spilled_ms', fmt(now))
   redis.call('ZADD', spilled, fmt(now), id)
+  outbox_add(outbox, pending, id, 'attempt', ARGV[9] .. '|' .. next_attempt .. '|' .. fmt(now), now)
 else
   redis.call('HSET', job, 'finished_ms', fmt(now))
+  outbox_clear(outbox, pending, id)
   retire(ARGV[6], job, text, events, ledger)
+  retire_idempotency(idem, id, ARGV[6])
 end
 event(events, rev, 'state', to_state, 'reason', ARGV[4])
 return { 'ok', fmt(rev) }

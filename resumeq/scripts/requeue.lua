@@ -1,13 +1,19 @@
 -- requeue: an operator sends a spilled job back to a queue (spilled -> queued), maybe to
 -- another queue or with another provider profile (a reserved or paid lane). Its spill
 -- count stays: a job that fails again after a spill goes to failed, never back to spill.
+-- The next attempt goes into the outbox in the same step.
 -- KEYS[1] job hash   KEYS[2] queued zset   KEYS[3] spilled zset   KEYS[4] events stream
+-- KEYS[5] outbox hash   KEYS[6] outbox zset
 -- ARGV[1] queue ('' to keep)   ARGV[2] spec JSON ('' to keep)   ARGV[3] its prompt hash
--- ARGV[4] revision the operator looked at ('' for any)
+-- ARGV[4] revision the operator looked at ('' for any)   ARGV[5] request id
 -- Answers: {'ok', revision} | {'not_found'} | {'wrong_state', state}
---   | {'stale_revision', current}
+--   | {'stale_revision', current} | {'corrupt', field}
 local job, queued, spilled, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local outbox, pending = KEYS[5], KEYS[6]
 
+if replayed(job, ARGV[5]) then
+  return { 'ok', redis.call('HGET', job, 'revision') }
+end
 local refused = expect_state(job, { spilled = true })
 if refused then
   return refused
@@ -25,8 +31,12 @@ if ARGV[2] ~= '' then
   redis.call('HSET', job, 'spec', ARGV[2], 'prompt_hash', ARGV[3])
 end
 redis.call('HSET', job, 'state', 'queued', 'reason', 'requeued from spill')
+stamp(job, ARGV[5])
 local rev = bump(job, now)
 redis.call('ZREM', spilled, id)
 redis.call('ZADD', queued, fmt(now), id)
+local next_attempt = fmt(tonumber(redis.call('HGET', job, 'attempt')) + 1)
+outbox_add(outbox, pending, id, 'attempt',
+  redis.call('HGET', job, 'queue') .. '|' .. next_attempt .. '|' .. fmt(now), now)
 event(events, rev, 'state', 'queued', 'reason', 'requeued from spill')
 return { 'ok', fmt(rev) }

@@ -1,0 +1,22 @@
+"""Redis clients whose commands are sent once.
+
+redis-py re-sends a command on its own after a timeout or a dropped connection (recent
+versions do by default, several times). For a script that was in fact applied that is a
+second write: a flush refused as stale, a finish answered "lease lost" although the job is
+done. resumeq's clients turn that off; the store re-sends its writes itself, with the
+request id that makes a re-send recognisable (:mod:`resumeq.store`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+
+def connect(url: str, **options: Any) -> redis.Redis:
+    """A bytes-mode client for ``url`` that never re-sends a command by itself. Raises
+    ``ValueError`` for a URL redis-py cannot read."""
+    return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)

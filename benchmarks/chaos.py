@@ -1,12 +1,15 @@
-"""The chaos soak: jobs streaming while workers are killed and frozen, the provider injects
-random faults and Redis (AOF, appendfsync always) restarts; then the checks.
+"""The chaos soak: jobs streaming while workers are killed and frozen, work horses exit at
+failpoints between a commit and what must follow it, the provider injects random faults and
+Redis (AOF, appendfsync always) restarts; then the checks.
 
     python benchmarks/chaos.py [--duration S] [--jobs N] [--workers N] [--fault-probability P]
+                               [--failpoint-probability P]
 
 Prints one JSON object: jobs, terminal, canonical, lost, duplicated_text, gap,
-inconsistent_events, over_billed, fenced_writes_refused, worker_kills, worker_freezes,
-redis_restarts, faults_injected and more. Exits 1 if any job was lost, spliced wrong or
-left inconsistent.
+inconsistent_events, over_billed, hook_runs, hooks_missing, hooks_twice, fenced_writes_refused,
+worker_kills, commit_kills, worker_freezes, redis_restarts, faults_injected and more. Exits 1
+if any job was lost, spliced wrong or left inconsistent, or a done job's hook did not run
+exactly once with its final text.
 """
 
 from __future__ import annotations
@@ -24,26 +27,40 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=300)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--fault-probability", type=float, default=0.2)
+    parser.add_argument(
+        "--failpoint-probability",
+        type=float,
+        default=0.05,
+        help="chance per hit of the failpoint each worker arms (0: none)",
+    )
     parser.add_argument("--kill-every", type=float, default=4.0, help="seconds between kills")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
     if args.duration <= 0 or args.jobs < 1 or args.workers < 2:
         parser.error("--duration > 0, --jobs >= 1 and --workers >= 2 are needed")
+    if not 0 <= args.failpoint_probability < 1:
+        parser.error("--failpoint-probability must be in [0, 1)")
     result = run_soak(
         SoakConfig(
             jobs=args.jobs,
             workers=args.workers,
             duration_s=args.duration,
             fault_probability=args.fault_probability,
+            failpoint_probability=args.failpoint_probability,
             kill_every_s=args.kill_every,
             seed=args.seed,
         )
     )
     print(json.dumps(result))
     broken = result["lost"] + result["duplicated_text"] + result["gap"]
-    return (
-        1 if broken or result["inconsistent_events"] or result["terminal"] != result["jobs"] else 0
+    hooks = (
+        result["hooks_missing"]
+        + result["hooks_twice"]
+        + result["hooks_stale_text"]
+        + result["hooks_unexpected"]
     )
+    inconsistent = result["inconsistent_events"] or result["terminal"] != result["jobs"]
+    return 1 if broken or hooks or inconsistent else 0
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ class _Batch:
     tokens: int
     consumed: int
     exact: bool = True
+    #: Bytes of output that is not text (reasoning), for a janitor's estimate.
+    hidden_bytes: int = 0
     request: str = field(default_factory=request_id)
 
 
@@ -60,6 +62,7 @@ class Checkpointer:
         self._clock = clock
         self._pending_text: list[str] = []
         self._pending_tokens = 0
+        self._pending_hidden = 0
         self._last_flush = clock()
         #: When the lease was last known to be extended (a flush or a renew).
         self.lease_confirmed = clock()
@@ -84,11 +87,14 @@ class Checkpointer:
     def has_pending_text(self) -> bool:
         return bool(self._pending_text)
 
-    def add(self, text: str, tokens: int, *, exact: bool) -> None:
-        """Take a delta; flush if the token or time threshold is reached."""
+    def add(self, text: str, tokens: int, *, exact: bool, hidden_bytes: int = 0) -> None:
+        """Take a delta — text, or output that is not text (``hidden_bytes`` of reasoning,
+        recorded so that a janitor can estimate a dead attempt) — and flush if the token or
+        time threshold is reached."""
         if text:
             self._pending_text.append(text)
         self._pending_tokens += tokens
+        self._pending_hidden += hidden_bytes
         self.exact = self.exact and exact
         since = self._clock() - self._last_flush
         due = since >= self.flush_s or (
@@ -129,6 +135,7 @@ class Checkpointer:
                     delta="".join(self._pending_text[: batch.items]),
                     tokens=batch.tokens,
                     exact=batch.exact,
+                    hidden_bytes=batch.hidden_bytes,
                     request=batch.request,
                 )
             except RedisUnavailable as exc:
@@ -143,6 +150,7 @@ class Checkpointer:
         """Everything pending, or None when there is nothing to write."""
         batch = _Batch(len(self._pending_text), self._pending_tokens, self._pending_tokens)
         batch.exact = self.exact
+        batch.hidden_bytes = self._pending_hidden
         if settle is not None:
             total, batch.exact = settle
             batch.tokens = total - self.flushed_tokens
@@ -150,7 +158,7 @@ class Checkpointer:
             if not (batch.items or batch.tokens or relabel):
                 self.exact = batch.exact
                 return None
-        elif not batch.items and not batch.tokens:
+        elif not batch.items and not batch.tokens and not batch.hidden_bytes:
             return None
         return batch
 
@@ -158,6 +166,7 @@ class Checkpointer:
         written = self._pending_text[: batch.items]
         del self._pending_text[: batch.items]
         self._pending_tokens -= batch.consumed
+        self._pending_hidden -= batch.hidden_bytes
         self._inflight = None
         self.revision = revision
         self.flushed_tokens += batch.tokens

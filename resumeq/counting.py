@@ -53,8 +53,12 @@ class Tally:
     tokens: int = 0
     reasoning_tokens: int = 0
     other_tokens: int = 0
-    #: Whether every chunk was counted exactly (continuous usage).
+    #: Whether every chunk was counted exactly (continuous usage), whether any count was
+    #: seen at all, and whether the stream opened (an attempt refused before it did
+    #: bought nothing: zero is exact).
     exact: bool = True
+    reported: bool = False
+    opened: bool = True
 
     @property
     def chunks(self) -> int:
@@ -83,21 +87,31 @@ def estimate(chunks: int, output_bytes: int, *, counted: int, bytes_per_token: f
     return max(counted, chunks, math.ceil(output_bytes / bytes_per_token))
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why a count cannot be right, and whether it is too high (then the truth is at
+    least the estimate *and* that count: a count that errs high is never lowered)."""
+
+    reason: str
+    too_high: bool = False
+
+
 def refusal(
     count: int, *, output_bytes: int, chunks: int, counted: int, allowance: int = 0
-) -> str | None:
+) -> Refusal | None:
     """Why ``count`` cannot be the tokens of ``output_bytes`` bytes that arrived in
     ``chunks`` chunks after ``counted`` tokens were counted; None if it can be."""
     if count < 0:
-        return f"a negative count ({count})"
+        return Refusal(f"a negative count ({count})")
     if count == 0 and output_bytes > 0:
-        return f"0 tokens for {output_bytes} bytes of output"
+        return Refusal(f"0 tokens for {output_bytes} bytes of output")
     if count > output_bytes + allowance:
-        return f"{count} tokens for {output_bytes} bytes (a token is at least a byte)"
+        why = f"{count} tokens for {output_bytes} bytes (a token is at least a byte)"
+        return Refusal(why, too_high=True)
     if count < chunks:
-        return f"{count} tokens for {chunks} chunks (each chunk carries at least one)"
+        return Refusal(f"{count} tokens for {chunks} chunks (each chunk carries at least one)")
     if count < counted:
-        return f"{count} tokens, fewer than the {counted} already counted"
+        return Refusal(f"{count} tokens, fewer than the {counted} already counted")
     return None
 
 
@@ -117,12 +131,19 @@ def settle(
     ``tokenizer_text`` and ``tokenizer_reasoning`` are the counting endpoint's counts of
     the text and of the reasoning that arrived, where it was asked."""
     refused: list[str] = []
+    at_least = 0  # a billed total refused as too high: the charge is never below it
     reasoning_guess = _reasoning_estimate(tally, bytes_per_token)
-    if tally.exact and not (finished and reported is not None and reported != tally.tokens):
+    if (
+        tally.exact
+        and (tally.reported or not tally.opened)
+        and not (finished and reported is not None and reported != tally.tokens)
+    ):
         return Count(tally.tokens, True, "usage", tally.reasoning_tokens)
     if finished and reported is not None:
-        # Hidden reasoning (reported, never streamed) has no bytes to be checked against.
+        # Reasoning a provider bills but streams only summarised (or not at all) has no
+        # bytes here to be checked against.
         hidden = (reported_reasoning or 0) if tally.reasoning_bytes == 0 else 0
+        no_upper_bound = tally.reasoning_chunks > 0
         why = refusal(
             reported,
             output_bytes=tally.output_bytes,
@@ -130,10 +151,11 @@ def settle(
             counted=tally.tokens,
             allowance=hidden + END_ALLOWANCE,
         )
-        if why is None:
+        if why is None or (why.too_high and no_upper_bound):
             reasoning = reported_reasoning if reported_reasoning is not None else reasoning_guess
             return Count(reported, True, "usage", reasoning)
-        refused.append(f"the provider's usage: {why}")
+        refused.append(f"the provider's usage: {why.reason}")
+        at_least = reported if why.too_high else at_least
     if tokenizer_text is not None:
         why = refusal(
             tokenizer_text,
@@ -152,13 +174,17 @@ def settle(
                 counted=tally.tokens,
                 allowance=END_ALLOWANCE,
             )
-            if why is None:
+            if why is None and total >= at_least:
                 return Count(total, exact, "tokenizer", reasoning, tuple(refused))
-        refused.append(f"the counting endpoint: {why}")
+            if why is None:  # the bill, though what arrived does not explain it, is higher
+                why = Refusal(f"{total} tokens, below the {at_least} the provider billed")
+        # A tokenizer counting more tokens than the text it was given has bytes answered
+        # garbage; only a provider's bill can be higher than what was seen of it.
+        refused.append(f"the counting endpoint: {why.reason}")
     guess = estimate(
         tally.chunks, tally.output_bytes, counted=tally.tokens, bytes_per_token=bytes_per_token
     )
-    return Count(guess, False, "estimate", reasoning_guess, tuple(refused))
+    return Count(max(guess, at_least), False, "estimate", reasoning_guess, tuple(refused))
 
 
 def _reasoning_estimate(tally: Tally, bytes_per_token: float) -> int | None:
@@ -183,12 +209,10 @@ def _with_tokenizer(
     parts = text + tally.other_tokens
     if not tally.reasoning_chunks:
         return parts, exact, None
-    if reasoning is not None and (
-        refusal(
-            reasoning, output_bytes=tally.reasoning_bytes, chunks=tally.reasoning_chunks, counted=0
-        )
-        is None
-    ):
+    counted = refusal(
+        reasoning or 0, output_bytes=tally.reasoning_bytes, chunks=tally.reasoning_chunks, counted=0
+    )
+    if reasoning is not None and counted is None:
         return parts + reasoning, exact, reasoning
     guess = _reasoning_estimate(tally, bytes_per_token) or 0
     return parts + guess, exact and tally.exact, guess

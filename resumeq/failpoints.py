@@ -22,6 +22,19 @@ def _parse(raw: str) -> dict[str, float]:
 
 _POINTS = _parse(os.environ.get("RESUMEQ_FAILPOINTS", ""))
 
+#: Where they are: right after a commit, before its outbox is carried out; and after an
+#: outbox entry was carried out, before it is marked done.
+NAMES = ("after_commit", "after_follow_up")
+
+
+def configure(spec: str) -> None:
+    """Arm failpoints in this process, as ``RESUMEQ_FAILPOINTS`` would (tests)."""
+    _POINTS.clear()
+    _POINTS.update(_parse(spec))
+    unknown = set(_POINTS) - set(NAMES)
+    if unknown:
+        raise ValueError(f"unknown failpoint(s): {', '.join(sorted(unknown))}")
+
 
 def hit(name: str) -> None:
     """End the process here, with the configured probability."""

@@ -183,7 +183,8 @@ class Janitor:
     def _count_dead_attempt(self, lease: Lease, record: JobRecord, text_bytes: int) -> int:
         """The dead attempt's output tokens. Counted exactly, they stand; counted chunk by
         chunk (a lower bound), the cursor is raised to an estimate that errs high from the
-        text it stored, so the continuation cannot buy past the budget."""
+        text it stored and the reasoning it saw, so the continuation cannot buy past the
+        budget."""
         counted = record.spent_output_tokens - record.attempt_spent_base
         if record.counts_exact:
             return counted
@@ -191,8 +192,8 @@ class Janitor:
             ratio = self.ctx.settings.profile(record.spec.provider).bytes_per_token
         except ConfigError:
             ratio = MIN_BYTES_PER_TOKEN
-        stored = text_bytes - record.attempt_text_base
-        guess = estimate(0, stored, counted=counted, bytes_per_token=ratio)
+        output = text_bytes - record.attempt_text_base + record.attempt_hidden_bytes
+        guess = estimate(0, output, counted=counted, bytes_per_token=ratio)
         if guess > counted:
             self.store.flush(
                 lease,

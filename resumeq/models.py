@@ -75,6 +75,8 @@ class JobRecord(BaseModel):
     #: Where the current (or last) attempt started: cursor, prefix bytes, time.
     attempt_spent_base: int = 0
     attempt_text_base: int = 0
+    #: Bytes of output that is not text (reasoning) the current attempt flushed so far.
+    attempt_hidden_bytes: int = 0
     attempt_started_ms: int | None = None
     spilled_ms: int | None = None
     #: The fencing token of the attempt a janitor found dead.

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import redis
 
+from resumeq import failpoints
 from resumeq.errors import JobNotFound
 from resumeq.hooks import enqueue_hooks
 from resumeq.queueing import discard_if_elsewhere, enqueue_attempt
@@ -58,6 +59,7 @@ def complete(store: Store, connection: redis.Redis, job_id: str) -> int:
         else:
             log.warning("job %s: unknown outbox entry %s=%r left alone", job_id, field, raw)
             continue
+        failpoints.hit("after_follow_up")
         store.outbox_done(job_id, field, raw)
         done += 1
     return done

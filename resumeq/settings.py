@@ -58,7 +58,8 @@ class ProviderProfile(BaseModel):
     #: The counting endpoint's format; by default the kind's own (``anthropic`` for
     #: Anthropic, ``vllm`` for the OpenAI wire).
     tokenizer: Literal["vllm", "llamacpp", "anthropic"] | None = None
-    #: Whether the engine repeats a prefill before continuing it; ``auto`` detects it.
+    #: Whether the engine repeats a prefill before continuing it; ``auto`` detects it
+    #: (Anthropic never does: ``auto`` means ``no`` there).
     prefill_echo: Literal["auto", "yes", "no"] = "auto"
     #: An estimate counts at least one token per this many UTF-8 bytes received (and at
     #: least one per chunk). Lower errs higher; 1 is a hard bound (a token is at least a
@@ -113,6 +114,14 @@ class ProviderProfile(BaseModel):
         if self.tokenizer is not None:
             return self.tokenizer
         return "anthropic" if self.kind == "anthropic" else "vllm"
+
+    @property
+    def echo_policy(self) -> Literal["auto", "yes", "no"]:
+        """``prefill_echo``, with what is known of the kind: Anthropic never echoes, and its
+        first delta, several tokens long, could pass for an echo of a short tail."""
+        if self.kind == "anthropic" and self.prefill_echo == "auto":
+            return "no"
+        return self.prefill_echo
 
     @property
     def bytes_per_token(self) -> float:

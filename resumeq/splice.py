@@ -103,6 +103,16 @@ def seam_whitespace(trimmed: str, lead: str) -> str:
     return kept
 
 
+def shown_whitespace(stored: str, lead: str) -> str:
+    """``instruction`` mode: what to append of the continuation's leading white space
+    ``lead`` after the prefix's trailing white space ``stored``, which the model was shown.
+    Line breaks it writes again are not doubled (the seam keeps the larger count), nor are
+    spaces within a line; spaces after a line break go on with that line's indentation."""
+    if not line_breaks(lead) and line_breaks(stored):
+        return lead
+    return seam_whitespace(stored, lead)
+
+
 def drop_repeated_whitespace(continuation: str, trimmed: str) -> str:
     """The continuation with its leading white space reconciled with ``trimmed``."""
     lead = leading_whitespace(continuation)
@@ -275,7 +285,10 @@ class SpliceReport:
     #: ``partial`` (only the start of what was sent); "" for none.
     echo_dropped: int = 0
     echo: str = ""
-    #: Pieces that were echo and nothing else: prompt text, no output tokens.
+    #: Of the dropped echo, the characters the engine did not generate (the prefill modes
+    #: repeat the prompt: no output), and the pieces that were such an echo and nothing
+    #: else. A model that rewrites its tail in ``instruction`` mode generated it: billed.
+    echo_unbilled: int = 0
     echo_pieces: int = 0
     #: What a person reading the log should know about this seam.
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -292,7 +305,12 @@ class Splicer:
     for ``echo = "auto"`` in the prefill modes, which looks at how the first piece came.
     ``feed(piece, tokens)`` also takes the piece's output tokens; :meth:`take_tokens`
     answers those released since it was last called (tokens of a piece held back are
-    released with it; those of pieces that were wholly echo never are).
+    released with it; those of pieces that were wholly an engine's echo of the prompt
+    never are).
+
+    White space at the seam is reconciled with ``trimmed`` (the prefill modes) or, in
+    ``instruction`` mode, with the prefix's own trailing white space: the model sees the
+    tail and may open with white space it already ends with.
     """
 
     def __init__(
@@ -318,6 +336,7 @@ class Splicer:
         self._prefix = prefix
         self._sent = sent
         self._trimmed = trimmed
+        self._seam_ws = trimmed or (trailing_whitespace(prefix) if mode not in EXACT_MODES else "")
         self._mode = mode
         self._policy = echo
         self._min_overlap = min_overlap
@@ -348,6 +367,7 @@ class Splicer:
             overlap_dropped=self._overlap_dropped,
             echo_dropped=self._echo_dropped,
             echo=self._echo_kind,
+            echo_unbilled=self._echo_dropped if self._mode in EXACT_MODES else 0,
             echo_pieces=self._echo_pieces,
             notes=tuple(self._notes),
         )
@@ -444,20 +464,23 @@ class Splicer:
 
     def _drop_echo(self, n: int, kind: str) -> None:
         self._echo_dropped, self._echo_kind = n, kind
+        self._held = self._held[n:]
+        if self._mode not in EXACT_MODES:
+            return  # the model wrote it: its tokens were generated, and count
         echo = [p for p in self._held_pieces if p[1] <= n]
         self._echo_pieces = sum(1 for start, end, _ in echo if end > start)
         self._held_pieces = [
             (max(0, start - n), end - n, tokens)
             for start, end, tokens in self._held_pieces[len(echo) :]
         ]
-        self._held = self._held[n:]
 
     def _seam_phase(self, *, final: bool) -> bool:
-        if self._trimmed:
+        if self._seam_ws:
             lead = leading_whitespace(self._held)
             if len(lead) == len(self._held) and not final:
                 return False  # the white space may go on
-            kept = seam_whitespace(self._trimmed, lead)
+            reconcile = seam_whitespace if self._trimmed else shown_whitespace
+            kept = reconcile(self._seam_ws, lead)
             self._whitespace_dropped = len(lead) - len(kept)
             self._held = kept + self._held[len(lead) :]  # piece offsets are not used again
         use_overlap = self._mode not in EXACT_MODES and not self._echo_dropped
@@ -469,6 +492,8 @@ class Splicer:
         if not final and len(self._held) < len(tail) and self._held in tail:
             return False  # a repeat longer than what is held is still possible
         k = overlap(self._prefix, self._held, min_overlap=self._min_overlap, window=self._window)
+        if k and k == len(self._held) and not final:
+            return False  # whether it glues onto a cut word is told by what comes next
         if k:
             self._note(f"the continuation restated the prefix's last {k} characters: dropped")
             self._overlap_dropped = k

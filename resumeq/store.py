@@ -405,6 +405,7 @@ class Store:
         tokens: int,
         exact: bool = True,
         extend_lease: bool = True,
+        hidden_bytes: int = 0,
         request: str | None = None,
     ) -> FlushResult:
         """Checkpoint ``delta`` (``tokens`` output tokens) onto the prefix.
@@ -417,6 +418,9 @@ class Store:
         final usage chunk, a tokenizer call, an estimate) sends the difference with the
         label. ``tokens`` is never negative: no write lowers the cursor. The owner of a
         ``stalled`` job (a janitor) may flush too: a dead attempt's estimate.
+
+        ``hidden_bytes`` is output that is not text (reasoning) in the same span: counted,
+        for a janitor's estimate of an attempt that died.
 
         Sent once: a caller that got no answer sends it again with the same ``request``
         id, and a flush that had been applied answers as it did.
@@ -439,6 +443,7 @@ class Store:
             "1" if exact else "0",
             lease.ttl_ms if extend_lease else 0,
             request or request_id(),
+            _non_negative(hidden_bytes, "hidden_bytes"),
         ]
         status, *rest = self._run("flush", job_keys, args, job_id)
         if status != "ok":
@@ -619,8 +624,7 @@ class Store:
 
     def _idempotency_key_of(self, job_id: str) -> list[str]:
         """The key of the job's idempotency key, if it has one (set once, at create)."""
-        with redis_errors("idempotency key"):
-            idem = self.redis.hget(keys.job(job_id), "idempotency_key")
+        idem = self._read("idempotency key", lambda r: r.hget(keys.job(job_id), "idempotency_key"))
         return _idempotency_keys(decode(idem) if idem else None)
 
     def _acquired(self, job_id: str, rest: list[Any], ttl_ms: int) -> Acquired:

@@ -25,6 +25,7 @@ from resumeq.continuation import RequestPlan, plan_request
 from resumeq.counting import Count, Tally, settle
 from resumeq.errors import (
     ConfigError,
+    CorruptRecord,
     FatalProviderError,
     InvalidTransition,
     JobNotFound,
@@ -112,6 +113,11 @@ class AttemptRunner:
             # RQ job. Nothing to do, and nothing was paid for.
             log.info("job %s: attempt not started: %s", job_id, exc)
             return "skipped"
+        except CorruptRecord as exc:
+            # Edited by hand: nothing of it can be trusted, and nothing was paid for.
+            log.warning("job %s cannot be read back, marking it failed: %s", job_id, exc)
+            self.store.fail_unreadable(job_id, reason=f"corrupt job record: {exc}")
+            return "failed"
         try:
             return self._attempt(got.lease, got.record)
         except (WriteRefused, JobNotFound) as exc:
@@ -154,7 +160,7 @@ class AttemptRunner:
             sent=plan.sent if plan.kind == "resume" else None,
             trimmed=plan.trimmed,
             mode=profile.continue_mode,
-            echo=profile.prefill_echo,
+            echo=profile.echo_policy,
         )
         call = _Call(record, profile, plan, client, splicer, ckpt)
         result, count = self._stream_and_count(call)
@@ -257,14 +263,14 @@ class AttemptRunner:
     def _stream(
         self, call: _Call, *, lost: threading.Event, opened: list[ProviderStream]
     ) -> StreamResult:
+        unopened = Tally(opened=False)  # refused before a stream: nothing was bought
         try:
             stream = call.client.open(call.plan)
         except RetryableProviderError as exc:
-            return StreamResult(
-                Cut(kind="retryable", retry_after_s=exc.retry_after, detail=str(exc))
-            )
+            cut = Cut(kind="retryable", retry_after_s=exc.retry_after, detail=str(exc))
+            return StreamResult(cut, tally=unopened)
         except FatalProviderError as exc:
-            return StreamResult(Cut(kind="fatal", detail=str(exc)))
+            return StreamResult(Cut(kind="fatal", detail=str(exc)), tally=unopened)
         opened.append(stream)
         result = StreamResult(Cut(kind="stream_cut"))
         with stream:
@@ -295,8 +301,10 @@ class AttemptRunner:
         tally = result.tally
         if isinstance(event, Usage):
             result.usage = event
+            tally.reported = tally.reported or event.output_tokens is not None
             return
         tally.exact = tally.exact and event.exact
+        tally.reported = tally.reported or event.exact
         if isinstance(event, TextDelta):
             result.received.append(event.text)
             ckpt.add(
@@ -313,7 +321,7 @@ class AttemptRunner:
             tally.other_chunks += bool(event.text)
             tally.other_bytes += size
             tally.other_tokens += event.tokens
-        ckpt.add("", event.tokens, exact=event.exact)
+        ckpt.add("", event.tokens, exact=event.exact, hidden_bytes=size)
 
     # -- counting and the last flush -----------------------------------------------------
 

@@ -3,15 +3,22 @@ store over it; contract tests run the store a second time on fakeredis."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import fakeredis
 import pytest
 import redis
+from hypothesis import settings
 
 from resumeq.fake import FakeProvider
 from resumeq.store import Store
 from resumeq.testing import RedisServer
+
+# ``HYPOTHESIS_PROFILE=thorough pytest tests/test_counting.py``: many more examples, for a
+# change to the pure decision logic (the suite runs the default number).
+settings.register_profile("thorough", max_examples=5_000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.fixture(scope="session")

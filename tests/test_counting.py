@@ -20,6 +20,7 @@ def text_tally(chunks: int, text: str, *, exact: bool = False, tokens: int | Non
         text_bytes=len(text.encode()),
         tokens=chunks if tokens is None else tokens,
         exact=exact,
+        reported=exact,
     )
 
 
@@ -96,9 +97,39 @@ def test_a_usage_total_may_hold_an_end_token() -> None:
     assert not settle(tally, finished=True, reported=too_many, bytes_per_token=4).exact
 
 
+def test_a_count_refused_as_too_high_is_never_lowered() -> None:
+    """300 tokens reported for 200 bytes cannot be right, but the truth is not below it."""
+    tally = text_tally(50, "x" * 200)
+    count = settle(tally, finished=True, reported=300, bytes_per_token=4)
+    assert (count.tokens, count.exact, count.source) == (300, False, "estimate")
+    assert "a token is at least a byte" in count.refused[0]
+    # A tokenizer that counts more tokens than the text's bytes answered garbage.
+    by_tokenizer = settle(tally, finished=False, reported=None, tokenizer_text=900,
+                          bytes_per_token=4)  # fmt: skip
+    assert by_tokenizer.tokens == 50 and not by_tokenizer.exact
+
+
+def test_summarised_thinking_explains_a_high_total() -> None:
+    """Claude streams a summary of its thinking and bills all of it."""
+    tally = Tally(text_chunks=10, text_bytes=400, reasoning_chunks=5, reasoning_bytes=300,
+                  tokens=15, reasoning_tokens=5, exact=False)  # fmt: skip
+    count = settle(tally, finished=True, reported=9_000, bytes_per_token=2)
+    assert (count.tokens, count.exact) == (9_000, True)
+
+
+def test_nothing_counted_is_exact_only_if_nothing_was_asked() -> None:
+    """A stream cut before any content may have generated tokens it never sent (a model
+    thinking silently): zero is a guess. A request refused before a stream bought none."""
+    silent = settle(Tally(), finished=False, reported=None, bytes_per_token=4)
+    assert (silent.tokens, silent.exact, silent.source) == (0, False, "estimate")
+    refused = settle(Tally(opened=False), finished=False, reported=None, bytes_per_token=4)
+    assert (refused.tokens, refused.exact) == (0, True)
+
+
 def test_reasoning_counts_against_the_budget() -> None:
     """vLLM cut while thinking: 300 tokens reported chunk by chunk, no text."""
-    tally = Tally(reasoning_chunks=30, reasoning_bytes=1200, tokens=300, reasoning_tokens=300)
+    tally = Tally(reasoning_chunks=30, reasoning_bytes=1200, tokens=300, reasoning_tokens=300,
+                  reported=True)  # fmt: skip
     count = settle(tally, finished=False, reported=300, bytes_per_token=4)
     assert (count.tokens, count.exact, count.reasoning_tokens) == (300, True, 300)
 
@@ -144,10 +175,12 @@ def test_the_total_never_goes_below_what_was_counted(  # noqa: PLR0917 - drawn b
 ) -> None:
     text_bytes = chunks + extra_bytes
     tally = Tally(text_chunks=chunks, text_bytes=text_bytes, tokens=chunks + counted_extra,
-                  exact=exact)  # fmt: skip
+                  exact=exact, reported=exact)  # fmt: skip
     count = settle(tally, finished=finished, reported=reported, tokenizer_text=tokenizer,
                    bytes_per_token=ratio)  # fmt: skip
     assert count.tokens >= tally.tokens  # the cursor never goes down
+    if finished and reported is not None and reported > text_bytes + END_ALLOWANCE:
+        assert count.tokens >= reported  # a bill that errs high is never lowered
     if not count.exact:
         assert count.tokens >= math.ceil(text_bytes / ratio)  # an estimate errs high
         assert count.source == "estimate"

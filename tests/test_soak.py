@@ -14,10 +14,14 @@ def test_short_chaos_soak_loses_nothing() -> None:
         SoakConfig(
             jobs=24,
             workers=3,
-            duration_s=12,
+            duration_s=8,
             kill_every_s=3,
             freeze_every_s=8,
             redis_restarts=0,
+            # Short: some 35 exits and 25 outbox entries carried out by workers, each worker
+            # arming one of the two failpoints; a chance high enough that every run sees
+            # work horses die at them.
+            failpoint_probability=0.3,
             settle_timeout_s=120,
         )
     )
@@ -26,5 +30,9 @@ def test_short_chaos_soak_loses_nothing() -> None:
     assert result["inconsistent_events"] == 0, result
     assert result["canonical"] == result["done"] == 24, result
     assert result["over_billed_without_worker_death"] == 0, result
+    assert result["hooked_done"] == result["hook_runs"] == 16, result
+    assert result["hooks_missing"] == result["hooks_twice"] == 0, result
+    assert result["hooks_stale_text"] == result["hooks_unexpected"] == 0, result
     assert result["worker_kills"] >= 2 and result["worker_freezes"] >= 1, result
+    assert result["commit_kills"] >= 1, result
     assert result["faults_injected"] >= 1, result

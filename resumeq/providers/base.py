@@ -354,6 +354,8 @@ class ProviderClient(ABC):
             raise ProviderConnectError(f"timed out before a response: {exc!r}") from None
         except httpx.TransportError as exc:
             raise ProviderConnectError(f"could not reach the provider: {exc!r}") from None
+        except httpx.HTTPError as exc:  # a body that cannot be decoded, and the like
+            raise ProviderUnavailable(f"unreadable answer: {exc!r}") from None
         if response.status_code >= 400:
             try:
                 body = _read_bounded(response)

@@ -80,7 +80,35 @@ local function corrupt(job)
       return { 'corrupt', field }
     end
   end
+  local id, queue, hash = values[3 + #NUMERIC], values[4 + #NUMERIC], values[5 + #NUMERIC]
+  if not string.match(id, '^[%w_-]+$') then
+    return { 'corrupt', 'id' }
+  end
+  if not string.match(queue, '^[%w][%w_.:-]*$') then
+    return { 'corrupt', 'queue' }
+  end
+  if not string.match(hash, '^%x+$') then
+    return { 'corrupt', 'prompt_hash' }
+  end
   return nil
+end
+
+-- The spec is read back by whoever runs the attempt: it must at least be JSON (checked
+-- where an attempt starts, not on every checkpoint).
+local function corrupt_spec(job)
+  local ok = pcall(cjson.decode, redis.call('HGET', job, 'spec'))
+  if not ok then
+    return { 'corrupt', 'spec' }
+  end
+  return nil
+end
+
+-- A job hash without a state is half deleted or edited by hand: corrupt, not missing.
+local function missing_or_corrupt(job)
+  if redis.call('EXISTS', job) == 1 then
+    return { 'corrupt', 'state' }
+  end
+  return { 'not_found' }
 end
 
 -- A write whose reply was lost is sent again with the same request id. The id of the last
@@ -115,14 +143,14 @@ end
 local function fence(job, lease, token, allowed)
   local state = redis.call('HGET', job, 'state')
   if not state then
-    return { 'not_found' }
-  end
-  if state == 'cancelled' then
-    return { 'cancelled' }
+    return missing_or_corrupt(job)
   end
   local bad = corrupt(job)
   if bad then
     return bad
+  end
+  if state == 'cancelled' then
+    return { 'cancelled' }
   end
   if redis.call('GET', lease) ~= token then
     return { 'lease_lost', state }
@@ -138,14 +166,14 @@ end
 local function expect_state(job, allowed)
   local state = redis.call('HGET', job, 'state')
   if not state then
-    return { 'not_found' }
-  end
-  if (allowed and not allowed[state]) or (not allowed and TERMINAL[state]) then
-    return { 'wrong_state', state }
+    return missing_or_corrupt(job)
   end
   local bad = corrupt(job)
   if bad then
     return bad
+  end
+  if (allowed and not allowed[state]) or (not allowed and TERMINAL[state]) then
+    return { 'wrong_state', state }
   end
   return nil, state
 end

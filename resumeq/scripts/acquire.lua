@@ -23,7 +23,7 @@ if replayed(job, ARGV[2]) and redis.call('HGET', job, 'state') == 'running' then
   local deadline = redis.call('ZSCORE', leases, redis.call('HGET', job, 'id'))
   return answer(redis.call('HGET', job, 'lease_token'), fmt(tonumber(deadline) or now_ms()))
 end
-local refused = expect_state(job, { queued = true })
+local refused = expect_state(job, { queued = true }) or corrupt_spec(job)
 if refused then
   return refused
 end
@@ -43,7 +43,7 @@ local id = redis.call('HGET', job, 'id')
 redis.call('HSET', job, 'state', 'running', 'lease_token', token, 'attempt', fmt(attempt),
   'exact_base', redis.call('HGET', job, 'counts_exact'),
   'attempt_spent_base', redis.call('HGET', job, 'spent_output_tokens'),
-  'attempt_text_base', fmt(redis.call('STRLEN', text)),
+  'attempt_text_base', fmt(redis.call('STRLEN', text)), 'attempt_hidden_bytes', '0',
   'attempt_started_ms', fmt(now))
 stamp(job, ARGV[2])
 local rev = bump(job, now)

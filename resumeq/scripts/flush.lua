@@ -9,6 +9,7 @@
 -- ARGV[4] output tokens in the delta (never negative: no write lowers the cursor)
 -- ARGV[5] '1' if this attempt's total is exact after the flush, '0' if it is an estimate
 -- ARGV[6] lease TTL (ms), 0 to leave the lease alone   ARGV[7] request id
+-- ARGV[8] bytes of output that is not text (reasoning) in this span, for estimates
 -- Answers: {'ok', revision, spent, prefix bytes} | {'not_found'} | {'cancelled'}
 --   | {'lease_lost', state} | {'wrong_state', state} | {'stale_revision', current}
 --   | {'bad_argument', what} | {'corrupt', field}
@@ -33,6 +34,9 @@ end
 local now = now_ms()
 local size = redis.call('APPEND', text, delta)
 local spent = redis.call('HINCRBY', job, 'spent_output_tokens', ARGV[4])
+if tonumber(ARGV[8]) and tonumber(ARGV[8]) > 0 then
+  redis.call('HINCRBY', job, 'attempt_hidden_bytes', ARGV[8])
+end
 -- The job's counts are exact when every attempt's are: an exact flush restores what the
 -- earlier attempts left (exact_base, set at acquire), an estimated one clears it.
 if ARGV[5] == '1' then

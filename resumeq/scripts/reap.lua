@@ -30,7 +30,7 @@ if state ~= 'running' and state ~= 'stalled' then
   redis.call('ZREM', leases, id)
   return { 'not_running', state }
 end
-local bad = corrupt(job)
+local bad = corrupt(job) or corrupt_spec(job)
 if bad then
   return bad
 end

@@ -106,6 +106,9 @@ class RedisServer:
             "no",
             "--logfile",
             str(self.directory / "redis.log"),
+            # Tests stall Redis on purpose (DEBUG SLEEP), from loopback only.
+            "--enable-debug-command",
+            "local",
         ]
         if self.appendonly:
             args += ["--appendonly", "yes", "--appendfsync", "always"]

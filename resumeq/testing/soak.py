@@ -1,13 +1,21 @@
-"""The chaos soak: many jobs, workers killed and frozen, provider faults, a Redis restart —
-then a check that nothing was lost, nothing spliced twice, and no replay was paid for.
+"""The chaos soak: many jobs, workers killed and frozen, attempts killed between a commit
+and what must follow it, provider faults, a Redis restart — then a check that nothing was
+lost, nothing spliced twice, no replay was paid for, and every done job's hook ran once.
 
 Real parts throughout: a redis-server with AOF (``appendfsync always``), worker and janitor
 processes, the fake provider over HTTP with seeded random faults. ``benchmarks/chaos.py``
 runs the long version; the test suite runs a short one.
+
+The workers run with a failpoint armed (:mod:`resumeq.failpoints`): each worker process
+arms one of the two, in turn, so that a work horse which exits with 137 is known to have
+died at that point — right after its exit's commit (``after_commit``) or after carrying out
+an outbox entry but before marking it done (``after_follow_up``). RQ's worker process
+survives its work horse and logs the exit; those lines are what ``commit_kills`` counts.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import signal
@@ -17,15 +25,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resumeq import keys
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from resumeq import failpoints, keys
 from resumeq.client import Client
 from resumeq.fake import FakeProvider, count_tokens
+from resumeq.queueing import hook_rq_id, rq_queue
 from resumeq.store import Store, decode
 from resumeq.testing.processes import Cluster, Proc, write_config
 from resumeq.testing.redis_server import RedisServer
+from resumeq.testing.soak_hooks import HOOK, HOOK_RUNS
 
 TERMINAL = {"done", "failed", "cancelled", "abandoned", "dropped"}
 FAULT_KINDS = ("disconnect", "truncate", "malformed", "error_event", "stall", "status")
+#: How long after the last job became terminal its hooks may take to run: the janitor
+#: carries out a dead committer's outbox after ``outbox.JANITOR_GRACE_MS``.
+HOOK_SETTLE_S = 30.0
+#: What RQ's worker process logs when its work horse ended without finishing its RQ job.
+_HORSE_DIED = re.compile(
+    r"job (\S+) failed \(Work-horse terminated unexpectedly; waitpid returned (\d+)"
+)
 
 
 @dataclass
@@ -41,6 +62,8 @@ class SoakConfig:
     token_delay_ms: float = 2.0
     flush_tokens: int = 16
     lease_ttl_ms: int = 2000
+    #: Per hit, for the one failpoint each worker process arms (0: none armed).
+    failpoint_probability: float = 0.05
     seed: int = 7
     settle_timeout_s: float = 240.0
 
@@ -51,12 +74,19 @@ class Chaos:
 
     worker_kills: int = 0
     worker_freezes: int = 0
+    #: Worker processes that ended without being killed by the soak.
+    worker_exits: int = 0
     redis_restarts: int = 0
     events: list[str] = field(default_factory=list)
 
 
 def _prompt(n: int) -> str:
     return f"Soak job {n}: describe a coastline, its birds and its weather."
+
+
+def _hooked(n: int) -> bool:
+    """Two jobs in three name the soak's hook; the others must never see it run."""
+    return n % 3 != 0
 
 
 class Soak:
@@ -66,6 +96,9 @@ class Soak:
         self.rng = random.Random(config.seed)
         self.chaos = Chaos()
         self.workers: list[Proc] = []
+        #: Every worker process started, with the failpoint it armed.
+        self.spawned: list[tuple[Proc, str | None]] = []
+        self.killed: set[int] = set()
         self.frozen: list[tuple[Proc, float]] = []
         self._excess: dict[str, int] = {}
 
@@ -86,13 +119,15 @@ class Soak:
             )
             config = self._config(fake)
             cluster = Cluster(self.directory, redis_url=server.url, config=config)
+            cluster.env.pop("RESUMEQ_FAILPOINTS", None)  # the janitors never arm one
             store = Store.from_url(server.url)
             try:
-                self.workers = [cluster.worker() for _ in range(c.workers)]
+                self.workers = [self._worker(cluster) for _ in range(c.workers)]
                 cluster.janitor(interval_s=0.5)
                 cluster.janitor(interval_s=0.7)
                 ids = self._drive(cluster, server, store)
                 self._settle(store, ids)
+                self._settle_hooks(store, ids)
                 logs = cluster.logs(tail=None)
             finally:
                 cluster.stop()
@@ -116,6 +151,7 @@ class Soak:
                     "flush_tokens": c.flush_tokens,
                     "flush_ms": 250,
                     "lease_ttl_ms": c.lease_ttl_ms,
+                    "hook_modules": ["resumeq.testing.soak_hooks"],
                 },
                 "janitor": {"interval_s": 0.5},
             },
@@ -144,6 +180,7 @@ class Soak:
                     "model": "soak-model",
                     "budget_tokens": 4 * c.completion_tokens,
                     "exit": {"max_attempts": 50},
+                    "hooks": [HOOK] if _hooked(len(ids)) else [],
                 }
                 ids.append(self._retrying(lambda spec=spec: client.enqueue(spec)))
             if now >= next_kill:
@@ -183,6 +220,7 @@ class Soak:
             return
         victim = self.rng.choice(busy)
         victim.kill()
+        self.killed.add(victim.pid)
         self.chaos.worker_kills += 1
         self.chaos.events.append(f"killed worker {victim.pid}")
 
@@ -205,11 +243,30 @@ class Soak:
                 proc.signal_group(signal.SIGCONT)
                 self.frozen.remove((proc, at))
 
+    def _worker(self, cluster: Cluster) -> Proc:
+        """Start a worker process arming the next failpoint in turn."""
+        p = self.config.failpoint_probability
+        point = failpoints.NAMES[len(self.spawned) % len(failpoints.NAMES)] if p > 0 else None
+        env = cluster.env  # the cluster's environment, for this one worker plus its failpoint
+        if point is not None:
+            cluster.env = {**env, "RESUMEQ_FAILPOINTS": f"{point}={p}"}
+        try:
+            proc = cluster.worker()
+        finally:
+            cluster.env = env
+        self.spawned.append((proc, point))
+        return proc
+
     def _respawn(self, cluster: Cluster) -> None:
         for proc in list(self.workers):
             if not proc.alive():
+                if proc.pid not in self.killed:
+                    self.chaos.worker_exits += 1
+                    self.chaos.events.append(
+                        f"worker {proc.pid} exited by itself: {proc.popen.returncode}"
+                    )
                 self.workers.remove(proc)
-                self.workers.append(cluster.worker())
+                self.workers.append(self._worker(cluster))
 
     def _settle(self, store: Store, ids: list[str]) -> None:
         deadline = time.monotonic() + self.config.settle_timeout_s
@@ -223,6 +280,25 @@ class Soak:
                 if state in TERMINAL:
                     pending.discard(job_id)
             time.sleep(0.5)
+
+    def _settle_hooks(self, store: Store, ids: list[str]) -> None:
+        """Wait until every done job that names the hook has a run, no outbox is pending and
+        the queue is empty (or ``HOOK_SETTLE_S`` has passed)."""
+        deadline = time.monotonic() + HOOK_SETTLE_S
+        expected = {job_id for n, job_id in enumerate(ids) if _expects_hook(store, n, job_id)}
+        # The soak's specs name no queue: every job, and every hook, is on the default one.
+        queue = rq_queue(self._retrying(lambda: store.get(ids[0]).queue), store.redis)
+        while time.monotonic() < deadline:
+            try:
+                if (
+                    expected <= set(_hook_runs(store))
+                    and not store.outbox_pending(0)
+                    and queue.count == 0
+                ):
+                    return
+            except Exception:
+                pass  # Redis busy restarting: ask again
+            time.sleep(0.25)
 
     def _verify(
         self, store: Store, fake: FakeProvider, ids: list[str], logs: str
@@ -248,11 +324,16 @@ class Soak:
             cuts_total += max(0, len(requests) - 1)
             excess_max = max(excess_max, self._excess.get(job_id, 0))
         refused = len(re.findall(r"stopped, .*no longer holds the lease", logs))
+        kills = self._commit_kills()
         return {
             "jobs": len(ids),
             **counts,
+            **self._check_hooks(store, ids),
             "fenced_writes_refused": refused,
             "worker_kills": self.chaos.worker_kills,
+            "commit_kills": sum(kills.values()),
+            **{f"kills_{point}": kills[point] for point in failpoints.NAMES},
+            "worker_exits": self.chaos.worker_exits,
             "worker_freezes": self.chaos.worker_freezes,
             "redis_restarts": self.chaos.redis_restarts,
             "faults_injected": sum(1 for r in journal if r.get("fault")),
@@ -304,6 +385,75 @@ class Soak:
                 out.append("over_billed_without_worker_death")
         return out
 
+    def _commit_kills(self) -> dict[str, int]:
+        """Processes that exited with 137 at a failpoint, by the point their worker armed:
+        work horses, from the lines RQ's worker process logs for them, and worker processes
+        themselves, were one to commit outside a work horse."""
+        kills = dict.fromkeys(failpoints.NAMES, 0)
+        for proc, point in self.spawned:
+            if point is not None and proc.popen.returncode == 137:
+                kills[point] += 1
+                self.chaos.events.append(f"{point}: worker {proc.pid} exited")
+            for rq_id, status in _HORSE_DIED.findall(proc.output()):
+                code = int(status)
+                if point is None or not (os.WIFEXITED(code) and os.WEXITSTATUS(code) == 137):
+                    continue
+                kills[point] += 1
+                self.chaos.events.append(f"{point}: work horse of {rq_id} exited")
+        return kills
+
+    def _check_hooks(self, store: Store, ids: list[str]) -> dict[str, Any]:
+        """Every done job that names the hook saw it run exactly once, with its final text;
+        no other job saw it run."""
+        runs = _hook_runs(store)
+        hooked_done = 0
+        found: dict[str, list[str]] = {"missing": [], "twice": [], "stale": [], "unexpected": []}
+        for n, job_id in enumerate(ids):
+            seen = runs.pop(job_id, [])
+            if not _expects_hook(store, n, job_id):
+                if seen:
+                    found["unexpected"].append(job_id)
+                continue
+            hooked_done += 1
+            if not seen:
+                found["missing"].append(job_id)
+            if len(seen) > 1:
+                found["twice"].append(job_id)
+            if any(chars != len(store.text(job_id)) for chars in seen):
+                found["stale"].append(job_id)
+        found["unexpected"] += list(runs)  # runs for jobs the soak never enqueued
+        problems = [
+            {"job": job_id, "problem": what, **self._hook_trace(store, job_id)}
+            for what, jobs in found.items()
+            for job_id in jobs
+        ]
+        return {
+            "hooked_done": hooked_done,
+            "hook_runs": store.redis.llen(HOOK_RUNS),
+            "hooks_missing": len(found["missing"]),
+            "hooks_twice": len(found["twice"]),
+            "hooks_stale_text": len(found["stale"]),
+            "hooks_unexpected": len(found["unexpected"]),
+            **({"hook_problems": problems[:10]} if problems else {}),
+        }
+
+    @staticmethod
+    def _hook_trace(store: Store, job_id: str) -> dict[str, Any]:
+        """What to read when a hook went wrong: its RQ job and the job's ledger."""
+        try:
+            rq_job = Job.fetch(
+                hook_rq_id(job_id, HOOK), connection=store.redis, serializer=JSONSerializer
+            )
+            status: Any = rq_job.get_status(refresh=False)
+            info = (rq_job.exc_info or "").strip().splitlines()[-1:]
+        except NoSuchJobError:
+            status, info = None, []
+        ledger = [
+            {k: a.get(k) for k in ("attempt", "worker", "outcome", "cut")}
+            for a in store.ledger(job_id)
+        ]
+        return {"hook_rq_status": str(status), "hook_rq_error": info, "ledger": ledger}
+
     @staticmethod
     def _events_consistent(store: Store, job_id: str, text: str, spent: int, revision: int) -> bool:
         """Revisions 1..n, text = the deltas in order, spent = the last cumulative count, and
@@ -324,6 +474,23 @@ class Soak:
         return (
             revs == list(range(1, revision + 1)) and "".join(deltas) == text and last_spent == spent
         )
+
+
+def _expects_hook(store: Store, n: int, job_id: str) -> bool:
+    """Whether job number ``n`` names the hook and is done."""
+    try:
+        return _hooked(n) and store.get(job_id).state.value == "done"
+    except Exception:
+        return False
+
+
+def _hook_runs(store: Store) -> dict[str, list[int]]:
+    """Job id → the text length each run of its hook saw, from the hook's list."""
+    runs: dict[str, list[int]] = {}
+    for raw in store.redis.lrange(HOOK_RUNS, 0, -1):
+        job_id, _, chars = decode(raw).partition("|")
+        runs.setdefault(job_id, []).append(int(chars))
+    return runs
 
 
 def run_soak(config: SoakConfig) -> dict[str, Any]:

@@ -1,15 +1,17 @@
-"""The chaos soak: jobs streaming while workers are killed and frozen, work horses exit at
-failpoints between a commit and what must follow it, the provider injects random faults and
-Redis (AOF, appendfsync always) restarts; then the checks.
+"""The chaos soak: jobs streaming through worker deaths, provider faults and a Redis restart.
+
+Workers are killed and frozen, work horses exit at failpoints between a commit and what must
+follow it, the provider injects random faults and Redis (AOF, appendfsync always) restarts;
+then the checks.
 
     python benchmarks/chaos.py [--duration S] [--jobs N] [--workers N] [--fault-probability P]
-                               [--failpoint-probability P]
+                               [--failpoint-probability P] [--keep DIR]
 
 Prints one JSON object: jobs, terminal, canonical, lost, duplicated_text, gap,
-inconsistent_events, over_billed, hook_runs, hooks_missing, hooks_twice, fenced_writes_refused,
-worker_kills, commit_kills, worker_freezes, redis_restarts, faults_injected and more. Exits 1
-if any job was lost, spliced wrong or left inconsistent, or a done job's hook did not run
-exactly once with its final text.
+inconsistent_events, over_billed, hook_runs, hook_reruns, hooks_missing, hooks_rerun_differed,
+fenced_writes_refused, worker_kills, commit_kills, worker_freezes, redis_restarts,
+faults_injected and more. Exits 1 if any job was lost, spliced wrong or left inconsistent,
+or a done job's hook did not have its effect exactly once, with its final text.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from resumeq.testing.soak import SoakConfig, run_soak
 
@@ -35,6 +38,9 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--kill-every", type=float, default=4.0, help="seconds between kills")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="run in DIR and keep its logs and Redis data"
+    )
     args = parser.parse_args(argv)
     if args.duration <= 0 or args.jobs < 1 or args.workers < 2:
         parser.error("--duration > 0, --jobs >= 1 and --workers >= 2 are needed")
@@ -49,13 +55,14 @@ def main(argv: list[str]) -> int:
             failpoint_probability=args.failpoint_probability,
             kill_every_s=args.kill_every,
             seed=args.seed,
-        )
+        ),
+        keep=args.keep,
     )
     print(json.dumps(result))
     broken = result["lost"] + result["duplicated_text"] + result["gap"]
     hooks = (
         result["hooks_missing"]
-        + result["hooks_twice"]
+        + result["hooks_rerun_differed"]
         + result["hooks_stale_text"]
         + result["hooks_unexpected"]
     )

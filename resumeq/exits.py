@@ -66,7 +66,7 @@ def _commit(
             finish_reason=finish_reason or decision.reason if action == "done" else "",
             error=decision.reason if action == "failed" else "",
             ledger=ledger,
-            hooks=bool(record.spec.hooks),
+            hooks=record.spec.hooks,
         )
         return action
     if action in ("retry", "resume"):

@@ -70,6 +70,11 @@ def outbox(job_id: str) -> str:
     return f"{_job_base(job_id)}:outbox"
 
 
+def hook_lease(job_id: str, hook: str) -> str:
+    """The lease of a hook run in progress (a janitor runs it again once it expires)."""
+    return f"{_job_base(job_id)}:hook:{hook}"
+
+
 def job_keys(job_id: str) -> tuple[str, str, str, str, str, str]:
     """All per-job keys: job, text, lease, events, ledger, outbox."""
     return (

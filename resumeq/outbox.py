@@ -2,32 +2,47 @@
 
 The script that commits a state change writes, in the same step, what has to happen next
 into the job's outbox: ``attempt`` (``<queue>|<attempt>|<due ms>``: enqueue that attempt's
-RQ job, at its due time) or ``hooks`` (``<queue>``: enqueue the done job's hooks). Whoever
-gets there first carries an entry out and then removes it: the committer at once, or a
-janitor for anything a dead process left. Carrying an entry out twice is harmless — an
-attempt's and a hook's RQ job ids are unique — so a crash at any point between a commit
-and its follow-up loses nothing and runs nothing twice.
+RQ job, at its due time) or ``hook:<name>`` (``<queue>|<times enqueued again>``: run that
+hook of the done job). Whoever gets there first carries an entry out: the committer at
+once, or a janitor for anything a dead process left. Carrying an entry out twice is
+harmless — an attempt's and a hook's RQ job ids are unique — so a crash at any point
+between a commit and its follow-up loses nothing and runs nothing twice.
+
+An ``attempt`` entry is removed once its RQ job is enqueued. A ``hook`` entry stays until
+the hook has run (the run records it): a hook whose worker died while it ran — its lease
+lapsed, its RQ job started long ago or abandoned — is enqueued again, up to
+``HOOK_REENQUEUES`` times. A hook that raised is left to RQ's failed registry.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
 
 import redis
+from rq.job import Job, JobStatus
 
 from resumeq import failpoints
-from resumeq.errors import JobNotFound
-from resumeq.hooks import enqueue_hooks
-from resumeq.queueing import discard_if_elsewhere, enqueue_attempt
+from resumeq.hooks import enqueue_hook
+from resumeq.queueing import (
+    STARTED_GRACE_S,
+    discard_hook,
+    discard_if_elsewhere,
+    enqueue_attempt,
+    fetch_hook,
+    rq_queue,
+)
 from resumeq.store import Store
 
 log = logging.getLogger(__name__)
 
 #: A janitor leaves an entry this long to the process that committed it.
 JANITOR_GRACE_MS = 2_000
+#: How often a hook whose worker died is enqueued again before it is given up.
+HOOK_REENQUEUES = 5
 
 
 @dataclass(frozen=True)
@@ -53,9 +68,9 @@ def complete(store: Store, connection: redis.Redis, job_id: str) -> int:
             enqueue_attempt(
                 connection, job_id, queue=entry.queue, attempt=entry.attempt, delay_s=delay_s
             )
-        elif field == "hooks":
-            with contextlib.suppress(JobNotFound):  # purged meanwhile: no hooks to run
-                enqueue_hooks(connection, store.get(job_id), queue=raw)
+        elif field.startswith("hook:"):
+            done += _follow_hook(store, connection, job_id, field, raw)
+            continue
         else:
             log.warning("job %s: unknown outbox entry %s=%r left alone", job_id, field, raw)
             continue
@@ -63,3 +78,67 @@ def complete(store: Store, connection: redis.Redis, job_id: str) -> int:
         store.outbox_done(job_id, field, raw)
         done += 1
     return done
+
+
+HookState = Literal["ran", "running", "absent", "on_its_way", "raised", "died"]
+
+
+def _hook_state(store: Store, connection: redis.Redis, job_id: str, name: str) -> HookState:
+    if store.hook_ran(job_id, name):
+        return "ran"
+    if store.hook_running(job_id, name):
+        return "running"
+    job = fetch_hook(connection, job_id, name)
+    if job is None:
+        return "absent"
+    status = job.get_status(refresh=False)
+    if _on_its_way(connection, job, status):
+        return "on_its_way"
+    return "raised" if status == JobStatus.FAILED and not _died(job) else "died"
+
+
+def _follow_hook(store: Store, connection: redis.Redis, job_id: str, field: str, raw: str) -> int:
+    """Enqueue a hook that has not run and is not on its way; answers 1 if it did."""
+    name = field.removeprefix("hook:")
+    queue, _, again_raw = raw.rpartition("|")
+    again = int(again_raw or 0)
+    state = _hook_state(store, connection, job_id, name)
+    if state in ("running", "on_its_way"):
+        return 0
+    if state == "absent":
+        enqueue_hook(connection, job_id, name, queue=queue)
+        failpoints.hit("after_follow_up")
+        return 1
+    if state == "died" and again < HOOK_REENQUEUES:
+        log.info("job %s: hook %s died while it ran: enqueued again", job_id, name)
+        discard_hook(connection, job_id, name)
+        enqueue_hook(connection, job_id, name, queue=queue)
+        store.outbox_replace(job_id, field, raw, f"{queue}|{again + 1}")
+        return 1
+    if state == "raised":
+        log.warning("job %s: hook %s raised; left in RQ's failed registry", job_id, name)
+    elif state == "died":
+        log.warning("job %s: hook %s died %d times; given up", job_id, name, again)
+    store.outbox_done(job_id, field, raw)  # ran, raised, or given up: nothing more to do
+    return 0
+
+
+def _on_its_way(connection: redis.Redis, job: Job, status: JobStatus | None) -> bool:
+    """Queued on its queue, scheduled in its registry, or started only a moment ago (it
+    takes its lease first thing)."""
+    if status == JobStatus.QUEUED:
+        return rq_queue(job.origin, connection).get_job_position(job.id) is not None
+    if status in (JobStatus.SCHEDULED, JobStatus.DEFERRED):
+        return True
+    if status == JobStatus.STARTED and job.started_at is not None:
+        started = job.started_at
+        if started.tzinfo is None:
+            started = started.replace(tzinfo=UTC)
+        return (datetime.now(UTC) - started).total_seconds() < STARTED_GRACE_S
+    return status == JobStatus.FINISHED
+
+
+def _died(job: Job) -> bool:
+    """An RQ job that failed because its worker died, not because the hook raised."""
+    reason = job.exc_info or ""
+    return "AbandonedJobError" in reason or "terminated unexpectedly" in reason

@@ -93,6 +93,13 @@ def fetch_attempt(connection: redis.Redis, job_id: str, attempt: int) -> Job | N
         return None
 
 
+def fetch_hook(connection: redis.Redis, job_id: str, hook: str) -> Job | None:
+    try:
+        return Job.fetch(hook_rq_id(job_id, hook), connection=connection, serializer=JSONSerializer)
+    except NoSuchJobError:
+        return None
+
+
 def attempt_pending(connection: redis.Redis, job_id: str, attempt: int) -> bool:
     """Whether the RQ job of that attempt will still run: it is started, scheduled *and* in
     its queue's scheduled registry, or queued *and* on its queue's list. A job RQ calls
@@ -171,9 +178,17 @@ def discard_if_elsewhere(connection: redis.Redis, job_id: str, attempt: int, que
         discard_attempt(connection, job_id, attempt)
 
 
+def discard_hook(connection: redis.Redis, job_id: str, hook: str) -> None:
+    """Delete a hook's RQ job (one whose worker died), so it can be enqueued again."""
+    _discard(connection, hook_rq_id(job_id, hook))
+
+
 def discard_attempt(connection: redis.Redis, job_id: str, attempt: int) -> None:
     """Delete an attempt's RQ job (ended, lost, or parked in the spill queue)."""
-    rq_id = attempt_rq_id(job_id, attempt)
+    _discard(connection, attempt_rq_id(job_id, attempt))
+
+
+def _discard(connection: redis.Redis, rq_id: str) -> None:
     try:
         job = Job.fetch(rq_id, connection=connection, serializer=JSONSerializer)
         job.delete()

@@ -17,7 +17,7 @@ import re
 import secrets
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, NoReturn, TypeVar
 
@@ -341,6 +341,54 @@ class Store:
             self._refused(status, rest, job_id, "outbox_done")
         return int(rest[0])
 
+    def outbox_replace(self, job_id: str, field: str, entry: str, new: str) -> bool:
+        """Replace an outbox entry if it is still ``entry``; answers whether it was."""
+        status, *_ = self._run("outbox_set", [keys.outbox(job_id)], [field, entry, new], job_id,
+                               tries=WRITE_TRIES)  # fmt: skip
+        return bool(status == "ok")
+
+    # -- hook runs -----------------------------------------------------------------------
+
+    def claim_hook(
+        self, job_id: str, hook: str, *, token: str, ttl_ms: int
+    ) -> Literal["ok", "done", "busy"]:
+        """Take the lease of a hook run: ``ok``, ``done`` (it ran already) or ``busy``
+        (another run holds it)."""
+        job_keys = [keys.job(job_id), keys.hook_lease(job_id, hook)]
+        args: list[str | int] = [hook, token, _positive(ttl_ms, "ttl_ms")]
+        status, *rest = self._run("hook_claim", job_keys, args, job_id, tries=WRITE_TRIES)
+        for answer in ("ok", "done", "busy"):
+            if status == answer:
+                return answer
+        self._refused(status, rest, job_id, "hook_claim")
+
+    def renew_hook(self, job_id: str, hook: str, *, token: str, ttl_ms: int) -> bool:
+        """Extend a hook run's lease; answers False once it is no longer this run's."""
+        status, *_ = self._run(
+            "hook_renew", [keys.hook_lease(job_id, hook)], [token, ttl_ms], job_id
+        )
+        return bool(status == "ok")
+
+    def hook_done(self, job_id: str, hook: str, *, token: str) -> None:
+        """Record that the hook ran: nobody runs it again."""
+        job_keys = [keys.job(job_id), keys.hook_lease(job_id, hook), keys.outbox(job_id),
+                    keys.OUTBOX]  # fmt: skip
+        status, *rest = self._run(
+            "hook_done", job_keys, [job_id, hook, token], job_id, tries=WRITE_TRIES
+        )
+        if status != "ok":
+            self._refused(status, rest, job_id, "hook_done")
+
+    def hook_ran(self, job_id: str, hook: str) -> bool:
+        """Whether the hook has run for the job."""
+        done = self._read("hook_ran", lambda r: r.hexists(keys.job(job_id), f"hook_done:{hook}"))
+        return bool(done)
+
+    def hook_running(self, job_id: str, hook: str) -> bool:
+        """Whether a run of the hook holds its lease."""
+        held = self._read("hook_running", lambda r: r.exists(keys.hook_lease(job_id, hook)))
+        return bool(held)
+
     def outbox_pending(self, age_ms: int, *, limit: int = 100) -> list[str]:
         """Ids of jobs whose outbox has held an entry for at least ``age_ms``."""
         return self._before(keys.OUTBOX, age_ms, limit, "outbox_pending")
@@ -461,11 +509,11 @@ class Store:
         error: str = "",
         ledger: Mapping[str, Any] | None = None,
         expected_revision: int | None = None,
-        hooks: bool = False,
+        hooks: Sequence[str] = (),
     ) -> int:
         """End the job as ``done`` or ``failed``; answers the new revision. A done job
-        with ``hooks`` gets them in its outbox in the same step; its idempotency key
-        expires with it."""
+        gets its ``hooks`` in its outbox in the same step (each stays there until it has
+        run); its idempotency key expires with it."""
         job_id = lease.job_id
         job_keys = [
             keys.job(job_id),
@@ -487,7 +535,7 @@ class Store:
             _ledger_json(ledger),
             self.settings.retention_s,
             request_id(),
-            "1" if hooks else "0",
+            *(hooks if state == "done" else ()),
         ]
         return self._write("finish", job_keys, args, job_id, expected_revision)
 

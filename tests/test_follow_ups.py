@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -19,9 +20,10 @@ from rq.serializers import JSONSerializer
 
 from resumeq import failpoints, keys
 from resumeq.checkpoint import Checkpointer
-from resumeq.context import WorkerContext, build_context
+from resumeq.context import WorkerContext, build_context, set_context
 from resumeq.exits import apply_decision
 from resumeq.gate import Decision
+from resumeq.hooks import HookCall, hook, run_hook
 from resumeq.janitor import Janitor
 from resumeq.models import Acquired
 from resumeq.queueing import attempt_rq_id, fetch_attempt, hook_rq_id, rq_queue
@@ -45,6 +47,25 @@ def ctx(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Worker
     finally:
         context.http.close()
         context.redis.close()
+
+
+CALLS: list[str] = []
+
+
+@hook("notify")
+def _notify(call: HookCall) -> None:
+    CALLS.append(call.job_id)
+
+
+@pytest.fixture(autouse=True)
+def hooks_here(ctx: WorkerContext) -> Iterator[None]:
+    """Hooks run in this process, on this context."""
+    CALLS.clear()
+    set_context(ctx)
+    try:
+        yield
+    finally:
+        set_context(None)
 
 
 @pytest.fixture
@@ -86,13 +107,43 @@ def test_hooks_run_once_whatever_step_the_worker_dies_at(
     job_id = got.lease.job_id
     die_at(point, ctx, got, DONE)
     assert ctx.store.get(job_id).state.value == "done"
-    assert ctx.store.outbox(job_id)  # the hooks are still owed
+    assert ctx.store.outbox(job_id)  # the hook is still owed
     report = janitor.sweep()
-    assert report.followed_up == [job_id] and ctx.store.outbox(job_id) == {}
     queue = rq_queue("resumeq", ctx.redis)
     assert queue.fetch_job(hook_rq_id(job_id, "notify")) is not None
     assert [j for j in queue.get_job_ids() if "hook" in j] == [hook_rq_id(job_id, "notify")]
-    assert janitor.sweep().followed_up == []  # nothing is carried out twice
+    assert janitor.sweep().followed_up == []  # nothing is enqueued twice
+    assert report.followed_up in ([job_id], [])  # (the dying worker may have enqueued it)
+    assert run_hook(job_id, "notify") == "ok" and [job_id] == CALLS
+    assert ctx.store.outbox(job_id) == {}  # it ran: owed no more
+    assert run_hook(job_id, "notify") == "done" and [job_id] == CALLS  # never twice
+
+
+def test_a_hook_whose_worker_died_while_it_ran_runs_again(
+    ctx: WorkerContext, janitor: Janitor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the chaos soak: the hook's RQ job stayed "started" (later failed as
+    abandoned) and nothing enqueued it again."""
+    got = running(ctx, hooks=["notify"])
+    job_id = got.lease.job_id
+    apply_decision(ctx.store, ctx.redis, got.lease, got.record, DONE, ledger={})
+    queue = rq_queue("resumeq", ctx.redis)
+    rq_job = queue.fetch_job(hook_rq_id(job_id, "notify"))
+    assert rq_job is not None
+    # The run took the hook's lease and its RQ job started; then its worker was killed.
+    assert ctx.store.claim_hook(job_id, "notify", token="dead-run", ttl_ms=100) == "ok"
+    queue.remove(rq_job)
+    rq_job.set_status(JobStatus.STARTED)
+    rq_job.started_at = datetime.now(UTC) - timedelta(seconds=60)
+    rq_job.save()
+    assert janitor.sweep().followed_up == []  # its lease still holds: in progress
+    time.sleep(0.15)
+    monkeypatch.setattr("resumeq.outbox.STARTED_GRACE_S", 5)
+    assert janitor.sweep().followed_up == [job_id]  # lease lapsed, started long ago: died
+    assert queue.get_job_ids() == [hook_rq_id(job_id, "notify")]
+    assert ctx.store.outbox(job_id) == {"hook:notify": "resumeq|1"}
+    assert run_hook(job_id, "notify") == "ok" and [job_id] == CALLS
+    assert ctx.store.outbox(job_id) == {}
 
 
 def test_a_retry_after_survives_a_crash_and_keeps_its_due_time(
@@ -162,7 +213,7 @@ def test_a_finish_sent_again_during_a_stall_is_recognised(ctx: WorkerContext) ->
     )
     assert state == "done" and ctx.store.get(job_id).state.value == "done"
     assert rq_queue("resumeq", ctx.redis).fetch_job(hook_rq_id(job_id, "notify")) is not None
-    assert ctx.store.outbox(job_id) == {}
+    assert list(ctx.store.outbox(job_id)) == ["hook:notify"]  # owed until it has run
 
 
 def test_a_flush_sent_again_after_a_stall_is_applied_once(ctx: WorkerContext) -> None:

@@ -30,8 +30,10 @@ def test_short_chaos_soak_loses_nothing() -> None:
     assert result["inconsistent_events"] == 0, result
     assert result["canonical"] == result["done"] == 24, result
     assert result["over_billed_without_worker_death"] == 0, result
-    assert result["hooked_done"] == result["hook_runs"] == 16, result
-    assert result["hooks_missing"] == result["hooks_twice"] == 0, result
+    # Every hook's effect applied once (a rerun, after its worker died, changes nothing).
+    assert result["hooked_done"] == 16, result
+    assert result["hook_runs"] == 16 + result["hook_reruns"], result
+    assert result["hooks_missing"] == result["hooks_rerun_differed"] == 0, result
     assert result["hooks_stale_text"] == result["hooks_unexpected"] == 0, result
     assert result["worker_kills"] >= 2 and result["worker_freezes"] >= 1, result
     assert result["commit_kills"] >= 1, result

@@ -100,7 +100,7 @@ def test_flush(store: Store, requests: Requests) -> None:
 def test_finish(store: Store, requests: Requests, state: Any) -> None:
     got = started(store)
     twice(
-        requests, store, lambda: store.finish(got.lease, state=state, ledger={"a": 1}, hooks=True)
+        requests, store, lambda: store.finish(got.lease, state=state, ledger={"a": 1}, hooks=("h",))
     )
     assert len(store.ledger(got.lease.job_id)) == 1
 

@@ -28,6 +28,10 @@ NAMES = (
     "fail",
     "purge",
     "outbox_done",
+    "outbox_set",
+    "hook_claim",
+    "hook_renew",
+    "hook_done",
 )
 
 

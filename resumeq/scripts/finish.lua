@@ -6,7 +6,7 @@
 -- KEYS[9] idempotency key (optional)
 -- ARGV[1] fencing token   ARGV[2] expected revision ('' for any)   ARGV[3] 'done' | 'failed'
 -- ARGV[4] finish reason   ARGV[5] error   ARGV[6] ledger record JSON ('' for none)
--- ARGV[7] retention (s)   ARGV[8] request id   ARGV[9] '1' if the job has hooks
+-- ARGV[7] retention (s)   ARGV[8] request id   ARGV[9..] the job's hooks (their names)
 -- Answers: {'ok', revision} | {'not_found'} | {'cancelled'} | {'lease_lost', state}
 --   | {'wrong_state', state} | {'stale_revision', current} | {'bad_argument', what}
 --   | {'corrupt', field}
@@ -38,8 +38,13 @@ if ARGV[6] ~= '' then
   redis.call('RPUSH', ledger, ARGV[6])
 end
 redis.call('HDEL', outbox, 'attempt')
-if to_state == 'done' and ARGV[9] == '1' then
-  outbox_add(outbox, pending, id, 'hooks', redis.call('HGET', job, 'queue'), now)
+if to_state == 'done' and #ARGV >= 9 then
+  -- One entry per hook, kept until the hook has run (hook_done): a run whose worker died
+  -- is enqueued again. The value is the queue and how often it was enqueued again.
+  local queue = redis.call('HGET', job, 'queue')
+  for i = 9, #ARGV do
+    outbox_add(outbox, pending, id, 'hook:' .. ARGV[i], queue .. '|0', now)
+  end
 elseif redis.call('HLEN', outbox) == 0 then
   redis.call('ZREM', pending, id)
 end

@@ -7,10 +7,12 @@ processes, the fake provider over HTTP with seeded random faults. ``benchmarks/c
 runs the long version; the test suite runs a short one.
 
 The workers run with a failpoint armed (:mod:`resumeq.failpoints`): each worker process
-arms one of the two, in turn, so that a work horse which exits with 137 is known to have
-died at that point — right after its exit's commit (``after_commit``) or after carrying out
-an outbox entry but before marking it done (``after_follow_up``). RQ's worker process
-survives its work horse and logs the exit; those lines are what ``commit_kills`` counts.
+arms one of the two, in turn (``ARMING_ORDER``), so that a work horse which exits with 137
+is known to have died at that point — right after its exit's commit (``after_commit``) or
+after carrying out an outbox entry but before marking it done (``after_follow_up``). RQ's
+worker process survives its work horse and logs the exit; those lines are what
+``commit_kills`` counts. Two jobs in three name a hook (:mod:`resumeq.testing.soak_hooks`)
+that records each of its runs in Redis.
 """
 
 from __future__ import annotations
@@ -32,17 +34,22 @@ from rq.serializers import JSONSerializer
 from resumeq import failpoints, keys
 from resumeq.client import Client
 from resumeq.fake import FakeProvider, count_tokens
+from resumeq.hooks import idempotency_key
 from resumeq.queueing import hook_rq_id, rq_queue
 from resumeq.store import Store, decode
 from resumeq.testing.processes import Cluster, Proc, write_config
 from resumeq.testing.redis_server import RedisServer
-from resumeq.testing.soak_hooks import HOOK, HOOK_RUNS
+from resumeq.testing.soak_hooks import HOOK, HOOK_EFFECTS, HOOK_RUNS
 
 TERMINAL = {"done", "failed", "cancelled", "abandoned", "dropped"}
 FAULT_KINDS = ("disconnect", "truncate", "malformed", "error_event", "stall", "status")
 #: How long after the last job became terminal its hooks may take to run: the janitor
 #: carries out a dead committer's outbox after ``outbox.JANITOR_GRACE_MS``.
 HOOK_SETTLE_S = 30.0
+#: The failpoint each new worker process arms, in turn. ``after_follow_up`` is hit only where
+#: a worker carried out an outbox entry, ``after_commit`` at every exit: of an odd number of
+#: workers, the first gets one more.
+ARMING_ORDER = ("after_follow_up", "after_commit")
 #: What RQ's worker process logs when its work horse ended without finishing its RQ job.
 _HORSE_DIED = re.compile(
     r"job (\S+) failed \(Work-horse terminated unexpectedly; waitpid returned (\d+)"
@@ -246,7 +253,7 @@ class Soak:
     def _worker(self, cluster: Cluster) -> Proc:
         """Start a worker process arming the next failpoint in turn."""
         p = self.config.failpoint_probability
-        point = failpoints.NAMES[len(self.spawned) % len(failpoints.NAMES)] if p > 0 else None
+        point = ARMING_ORDER[len(self.spawned) % len(ARMING_ORDER)] if p > 0 else None
         env = cluster.env  # the cluster's environment, for this one worker plus its failpoint
         if point is not None:
             cluster.env = {**env, "RESUMEQ_FAILPOINTS": f"{point}={p}"}
@@ -403,11 +410,19 @@ class Soak:
         return kills
 
     def _check_hooks(self, store: Store, ids: list[str]) -> dict[str, Any]:
-        """Every done job that names the hook saw it run exactly once, with its final text;
-        no other job saw it run."""
+        """Every done job that names the hook had its effect applied exactly once (a hook
+        runs at least once; a second run — its worker died after the effect and before the
+        run was recorded — carries the same idempotency key and changes nothing), with its
+        final text; no other job saw it run."""
         runs = _hook_runs(store)
-        hooked_done = 0
-        found: dict[str, list[str]] = {"missing": [], "twice": [], "stale": [], "unexpected": []}
+        effects = {decode(k): decode(v) for k, v in store.redis.hgetall(HOOK_EFFECTS).items()}
+        hooked_done = reruns = 0
+        found: dict[str, list[str]] = {
+            "missing": [],
+            "rerun_differed": [],
+            "stale": [],
+            "unexpected": [],
+        }
         for n, job_id in enumerate(ids):
             seen = runs.pop(job_id, [])
             if not _expects_hook(store, n, job_id):
@@ -415,11 +430,13 @@ class Soak:
                     found["unexpected"].append(job_id)
                 continue
             hooked_done += 1
-            if not seen:
+            reruns += max(0, len(seen) - 1)
+            effect = effects.get(idempotency_key(job_id, HOOK))
+            if effect is None:
                 found["missing"].append(job_id)
-            if len(seen) > 1:
-                found["twice"].append(job_id)
-            if any(chars != len(store.text(job_id)) for chars in seen):
+            if len({*seen}) > 1:
+                found["rerun_differed"].append(job_id)  # a rerun saw another text
+            if effect is not None and int(effect) != len(store.text(job_id)):
                 found["stale"].append(job_id)
         found["unexpected"] += list(runs)  # runs for jobs the soak never enqueued
         problems = [
@@ -430,8 +447,9 @@ class Soak:
         return {
             "hooked_done": hooked_done,
             "hook_runs": store.redis.llen(HOOK_RUNS),
+            "hook_reruns": reruns,
             "hooks_missing": len(found["missing"]),
-            "hooks_twice": len(found["twice"]),
+            "hooks_rerun_differed": len(found["rerun_differed"]),
             "hooks_stale_text": len(found["stale"]),
             "hooks_unexpected": len(found["unexpected"]),
             **({"hook_problems": problems[:10]} if problems else {}),
@@ -440,19 +458,28 @@ class Soak:
     @staticmethod
     def _hook_trace(store: Store, job_id: str) -> dict[str, Any]:
         """What to read when a hook went wrong: its RQ job and the job's ledger."""
+        trace: dict[str, Any] = {"hook_rq_job": hook_rq_id(job_id, HOOK)}
         try:
             rq_job = Job.fetch(
-                hook_rq_id(job_id, HOOK), connection=store.redis, serializer=JSONSerializer
+                trace["hook_rq_job"], connection=store.redis, serializer=JSONSerializer
             )
-            status: Any = rq_job.get_status(refresh=False)
-            info = (rq_job.exc_info or "").strip().splitlines()[-1:]
         except NoSuchJobError:
-            status, info = None, []
-        ledger = [
-            {k: a.get(k) for k in ("attempt", "worker", "outcome", "cut")}
+            trace["hook_rq_status"] = None
+        else:
+            status = rq_job.get_status(refresh=False)
+            result = rq_job.latest_result()  # a failure's, RQ's registry cleanup's included
+            error = result.exc_string if result is not None else None
+            trace |= {
+                "hook_rq_status": status.value if status else None,
+                "hook_rq_worker": rq_job.worker_name,
+                "hook_rq_started": str(rq_job.started_at),
+                "hook_rq_error": (error or "").strip().splitlines()[-1:],
+            }
+        trace["ledger"] = [
+            {k: a.get(k) for k in ("attempt", "worker", "ended_ms", "outcome", "cut")}
             for a in store.ledger(job_id)
         ]
-        return {"hook_rq_status": str(status), "hook_rq_error": info, "ledger": ledger}
+        return trace
 
     @staticmethod
     def _events_consistent(store: Store, job_id: str, text: str, spent: int, revision: int) -> bool:
@@ -493,9 +520,13 @@ def _hook_runs(store: Store) -> dict[str, list[int]]:
     return runs
 
 
-def run_soak(config: SoakConfig) -> dict[str, Any]:
+def run_soak(config: SoakConfig, *, keep: Path | None = None) -> dict[str, Any]:
+    """Run the soak in a temporary directory, or in ``keep`` (created), which then holds
+    every process's log and the Redis data afterwards."""
     with tempfile.TemporaryDirectory(prefix="resumeq-soak-") as tmp:
+        directory = Path(tmp) if keep is None else keep
+        directory.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        result = Soak(config, Path(tmp)).run()
+        result = Soak(config, directory).run()
         result["seconds"] = round(time.monotonic() - started, 1)
         return result

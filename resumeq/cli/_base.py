@@ -1,0 +1,95 @@
+"""What every ``resumeq`` command shares: the group and its options, the context they
+resolve to, one-line errors and JSON output."""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import click
+
+from resumeq.errors import JobNotFound, ResumeqError
+from resumeq.settings import Settings, load_settings
+from resumeq.store import Store
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+EXIT_ERROR = 1
+EXIT_NOT_FOUND = 3
+
+
+class Context:
+    """What the group's options resolve to, shared by the commands."""
+
+    def __init__(self, redis_url: str | None, config: Path | None) -> None:
+        self._redis_url = redis_url
+        self._config = config
+        self._settings: Settings | None = None
+        self._store: Store | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = load_settings(redis_url=self._redis_url, config_path=self._config)
+        return self._settings
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            file = self.settings.file
+            self._store = Store.from_url(
+                self.settings.redis_url, settings=file.store, limits=file.limits
+            )
+        return self._store
+
+
+def _fail(message: str, code: int = EXIT_ERROR) -> None:
+    click.echo(f"resumeq: {message}", err=True)
+    sys.exit(code)
+
+
+def reports_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn resumeq's errors into one line on stderr and a non-zero exit."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except JobNotFound as exc:
+            _fail(str(exc), EXIT_NOT_FOUND)
+        except (ResumeqError, ValueError) as exc:
+            _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise AssertionError("unreachable")
+
+    return wrapper
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    click.echo(json.dumps(obj, ensure_ascii=False))
+
+
+@click.group()
+@click.option(
+    "--redis-url",
+    envvar="RESUMEQ_REDIS_URL",
+    default=None,
+    help="Redis URL (default: RESUMEQ_REDIS_URL, else redis://localhost:6379/0).",
+)
+@click.option(
+    "--config",
+    "config",
+    envvar="RESUMEQ_CONFIG",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="TOML config file with provider profiles (default: RESUMEQ_CONFIG).",
+)
+@click.version_option(package_name="resumeq")
+@click.pass_context
+def cli(ctx: click.Context, redis_url: str | None, config: Path | None) -> None:
+    """resumeq: LLM generation jobs that resume cut streams instead of paying twice."""
+    ctx.obj = Context(redis_url, config)

@@ -1,0 +1,54 @@
+"""Processes: the worker and the janitor."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+
+import click
+
+from resumeq.cli._base import Context, _emit, cli, reports_errors
+from resumeq.context import build_context
+from resumeq.janitor import Janitor
+from resumeq.rq_worker import run_worker
+
+
+@cli.command()
+@click.option("--queues", "-q", multiple=True, help="Queue to serve (repeatable).")
+@click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
+@click.pass_obj
+@reports_errors
+def worker(obj: Context, queues: tuple[str, ...], burst: bool) -> None:
+    """Run an RQ worker (with the scheduler) on resumeq's queues."""
+    sys.exit(run_worker(obj.settings, queues, burst=burst))
+
+
+@cli.command()
+@click.option("--once", is_flag=True, help="One sweep, then exit.")
+@click.option("--interval", type=float, default=None, help="Seconds between sweeps.")
+@click.option("--json", "as_json", is_flag=True, help="With --once: print the sweep as JSON.")
+@click.pass_obj
+@reports_errors
+def janitor(obj: Context, once: bool, interval: float | None, as_json: bool) -> None:
+    """Reap jobs whose worker died and resume, spill or abandon them."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    sweeper = Janitor(build_context(obj.settings))
+    if once:
+        report = sweeper.sweep()
+        info = {
+            "reaped": report.reaped,
+            "outcomes": report.outcomes,
+            "requeued": report.requeued,
+            "errors": report.errors,
+        }
+        if as_json:
+            _emit(info)
+        else:
+            click.echo(f"reaped {len(report.reaped)}, re-enqueued {len(report.requeued)}")
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    sweeper.run(interval_s=interval or obj.settings.file.janitor.interval_s, stop=stop)

@@ -3,6 +3,7 @@
 The public surface is what ``__all__`` lists; everything else is internal.
 """
 
+from resumeq.async_client import AsyncClient
 from resumeq.client import Client, Delta, Job
 from resumeq.errors import (
     ConfigError,
@@ -72,6 +73,7 @@ __all__ = [
     "DEFAULT_QUEUE",
     "TERMINAL_STATES",
     "Acquired",
+    "AsyncClient",
     "Client",
     "ConfigError",
     "ConfigFile",

@@ -5,6 +5,11 @@ follow jobs.
 Every delta it yields is durable — already checkpointed, never taken back by a resume — so
 a follower sees one continuous text across cuts and attempts. Start it late, or again
 after any revision, and it yields exactly the text not seen yet.
+
+What a snapshot holds, which events a reader sees and when it stops are decided here, once,
+by pure helpers (:meth:`Job.from_snapshot`, :class:`EventCursor`, :func:`delta_of`): the
+synchronous :class:`Client` and :class:`~resumeq.async_client.AsyncClient` only carry out
+the reads they ask for.
 """
 
 from __future__ import annotations
@@ -15,19 +20,24 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from redis.typing import KeyT, StreamIdT
 
 from resumeq import keys
-from resumeq.errors import JobNotFound
-from resumeq.models import JobRecord, JobState
+from resumeq.errors import JobNotFound, StoreError
+from resumeq.models import TERMINAL_STATES, JobRecord, JobState
 from resumeq.producer import enqueue_job
 from resumeq.settings import StoreSettings
 from resumeq.spec import JobSpec, Limits
-from resumeq.store import DEFAULT_QUEUE, Store, decode, redis_errors
+from resumeq.store import DEFAULT_QUEUE, Store, _record, decode, redis_errors
 
 #: States no worker moves a job out of on its own: ``wait`` returns on them.
 RESTING_STATES = frozenset({*(s.value for s in JobState if s.terminal), JobState.SPILLED.value})
+#: States a follow ends at: a spilled job may be requeued and go on.
+_ENDING_STATES = frozenset(s.value for s in TERMINAL_STATES)
 #: How long one blocking read of the events stream waits before checking the clock.
 _BLOCK_MS = 1000
+#: What ``cancel`` records as the reason unless told otherwise.
+CANCEL_REASON = "cancelled by producer"
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,135 @@ class Job:
     @property
     def ended(self) -> bool:
         return self.state.terminal
+
+    @classmethod
+    def from_snapshot(cls, record: JobRecord, text: str) -> Job:
+        """The job as of ``record.revision``; ``text`` is its text up to that revision."""
+        return cls(
+            id=record.id,
+            state=record.state,
+            text=text,
+            revision=record.revision,
+            spent_output_tokens=record.spent_output_tokens,
+            budget_tokens=record.budget_tokens,
+            counts_exact=record.counts_exact,
+            attempts=record.attempt,
+            finish_reason=record.finish_reason,
+            error=record.error,
+            reason=record.reason,
+            record=record,
+        )
+
+
+def record_of(job_id: str, fields: Mapping[Any, Any]) -> JobRecord:
+    """The record from the job hash as a bytes-mode client answers it (HGETALL);
+    :class:`~resumeq.errors.JobNotFound` when it is empty."""
+    if not fields:
+        raise JobNotFound(f"no job {job_id}", job_id=job_id)
+    return _record(job_id, {decode(k): decode(v) for k, v in fields.items()})
+
+
+def is_resting(record: JobRecord) -> bool:
+    """Whether ``wait`` has nothing to wait for: the job ended, or spilled."""
+    return record.state.value in RESTING_STATES
+
+
+def delta_of(revision: int, fields: Mapping[str, str]) -> Delta | None:
+    """The durable text an event added, if any (state changes add none)."""
+    text = fields.get("delta")
+    return Delta(revision, text) if text else None
+
+
+class EventCursor:
+    """Where a reader of a job's events stream is, and when it is done: ``follow`` and
+    ``wait`` without the I/O, so the sync and async clients read the same events and stop
+    at the same one.
+
+    A reader passes the job's record to :meth:`start`, then, until :attr:`ended`, reads
+    :attr:`streams` (XREAD, :attr:`count` entries, blocking :meth:`block_ms`) and hands each
+    reply to :meth:`take`. An empty reply for a job whose record (:attr:`job_key`) is gone
+    raises :meth:`gone`.
+
+    Every revision has one entry, so the entries a reader takes are consecutive — unless
+    the job ended a while ago and its stream was trimmed to the terminal entry. Then
+    :meth:`take` stops before the first entry past the hole and sets :attr:`gap`; the
+    reader reads the job and its text in one snapshot and hands both to :meth:`fill`,
+    which answers the text the hole held, then goes on reading.
+    """
+
+    count = 500
+
+    def __init__(
+        self, job_id: str, *, after: int, deadline: float | None, stop_at_spill: bool
+    ) -> None:
+        self.job_id = job_id
+        self.job_key = keys.job(job_id)
+        self.after = after
+        self.deadline = deadline
+        self.ended = False
+        #: Revisions are missing from the stream: :meth:`fill` before reading on.
+        self.gap = False
+        self._seen = after  # the last revision accounted for
+        self._stream = keys.events(job_id)
+        self._last_id = "0-0"
+        self._stops = RESTING_STATES if stop_at_spill else _ENDING_STATES
+
+    def start(self, record: JobRecord) -> None:
+        """Nothing to read when the job rests at or before revision ``after``."""
+        if record.revision <= self.after and record.state.value in self._stops:
+            self.ended = True
+
+    @property
+    def streams(self) -> dict[KeyT, StreamIdT]:
+        """XREAD's streams argument: the events after the last one taken."""
+        return {self._stream: self._last_id}
+
+    def block_ms(self, now: float) -> int:
+        """How long the next read may block; ``TimeoutError`` once the deadline passed."""
+        if self.deadline is None:
+            return _BLOCK_MS
+        left = self.deadline - now
+        if left <= 0:
+            raise TimeoutError(f"job {self.job_id} did not end in time")
+        return max(1, min(_BLOCK_MS, int(left * 1000)))
+
+    def take(self, reply: Any) -> list[tuple[int, dict[str, str]]]:
+        """The events of an XREAD reply after revision ``after``, up to the first at a
+        state the reader stops at (then :attr:`ended`)."""
+        taken: list[tuple[int, dict[str, str]]] = []
+        for entry_id, raw in reply[0][1] if reply else ():
+            fields = {decode(k): decode(v) for k, v in raw.items()}
+            revision = int(fields["rev"])
+            if revision > self._seen + 1:
+                self.gap = True  # read this entry again after the fill
+                break
+            self._last_id = decode(entry_id)
+            if revision <= self._seen:
+                continue
+            self._seen = revision
+            taken.append((revision, fields))
+            if fields.get("state") in self._stops:
+                self.ended = True
+                break
+        return taken
+
+    def fill(self, record: JobRecord, text: str) -> list[tuple[int, dict[str, str]]]:
+        """The text the trimmed part of the stream held past where the reader is, from a
+        snapshot of the job (``record`` and its ``text``), as one event at the revision
+        before the stream's first entry left."""
+        if record.events_from is None or record.events_from <= self._seen:
+            raise StoreError(
+                f"job {self.job_id}: its events stream lacks revisions after {self._seen} "
+                "and was never trimmed"
+            )
+        start = record.text_bytes_after(self._seen)
+        rest = text.encode()[start:].decode()
+        self._seen = record.events_from - 1
+        self.gap = False
+        return [(self._seen, {"rev": str(self._seen), "delta": rest})] if rest else []
+
+    def gone(self) -> JobNotFound:
+        return JobNotFound(f"job {self.job_id} is gone", job_id=self.job_id)
 
 
 class Client:
@@ -90,23 +229,9 @@ class Client:
     def get(self, job_id: str) -> Job:
         """The job as of one revision: its text is exactly the text up to ``revision``, so
         ``follow(after=job.revision)`` goes on from there without a repeat."""
-        record, text = self.store.snapshot(job_id)
-        return Job(
-            id=record.id,
-            state=record.state,
-            text=text,
-            revision=record.revision,
-            spent_output_tokens=record.spent_output_tokens,
-            budget_tokens=record.budget_tokens,
-            counts_exact=record.counts_exact,
-            attempts=record.attempt,
-            finish_reason=record.finish_reason,
-            error=record.error,
-            reason=record.reason,
-            record=record,
-        )
+        return Job.from_snapshot(*self.store.snapshot(job_id))
 
-    def cancel(self, job_id: str, *, reason: str = "cancelled by producer") -> Job:
+    def cancel(self, job_id: str, *, reason: str = CANCEL_REASON) -> Job:
         self.store.cancel(job_id, reason=reason)
         return self.get(job_id)
 
@@ -114,7 +239,7 @@ class Client:
         """Block until the job ends (or spills: it then waits for a person); raise
         ``TimeoutError`` after ``timeout`` seconds."""
         record = self.store.get(job_id)
-        if record.state.value not in RESTING_STATES:
+        if not is_resting(record):
             deadline = time.monotonic() + timeout
             for _ in self._entries(job_id, after=record.revision, deadline=deadline):
                 pass  # the entries end at a resting state
@@ -133,9 +258,9 @@ class Client:
         for revision, fields in self._entries(
             job_id, after=after, deadline=deadline, stop_at_spill=False
         ):
-            delta = fields.get("delta")
-            if delta:
-                yield Delta(revision, delta)
+            delta = delta_of(revision, fields)
+            if delta is not None:
+                yield delta
 
     def _entries(
         self,
@@ -146,29 +271,14 @@ class Client:
         stop_at_spill: bool = True,
     ) -> Iterator[tuple[int, dict[str, str]]]:
         """Events after revision ``after``, blocking for more, until a resting state."""
-        record = self.store.get(job_id)  # JobNotFound for an unknown job
-        stream = keys.events(job_id)
-        last_id = "0-0"
-        stops = RESTING_STATES if stop_at_spill else {s.value for s in JobState if s.terminal}
-        if record.revision <= after and record.state.value in stops:
-            return
-        while True:
-            block = _BLOCK_MS
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"job {job_id} did not end in time")
-                block = max(1, min(block, int(left * 1000)))
+        cursor = EventCursor(job_id, after=after, deadline=deadline, stop_at_spill=stop_at_spill)
+        cursor.start(self.store.get(job_id))  # JobNotFound for an unknown job
+        while not cursor.ended:
+            block = cursor.block_ms(time.monotonic())
             with redis_errors("follow"):
-                reply: Any = self.redis.xread({stream: last_id}, count=500, block=block)
-                if not reply and not self.redis.exists(keys.job(job_id)):
-                    raise JobNotFound(f"job {job_id} is gone", job_id=job_id)
-            for entry_id, raw in reply[0][1] if reply else ():
-                last_id = decode(entry_id)
-                fields = {decode(k): decode(v) for k, v in raw.items()}
-                revision = int(fields["rev"])
-                if revision <= after:
-                    continue
-                yield revision, fields
-                if fields.get("state") in stops:
-                    return
+                reply: Any = self.redis.xread(cursor.streams, count=cursor.count, block=block)
+                if not reply and not self.redis.exists(cursor.job_key):
+                    raise cursor.gone()
+            yield from cursor.take(reply)
+            if cursor.gap:
+                yield from cursor.fill(*self.store.snapshot(job_id))

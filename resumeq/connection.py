@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -20,3 +22,10 @@ def connect(url: str, **options: Any) -> redis.Redis:
     """A bytes-mode client for ``url`` that never re-sends a command by itself. Raises
     ``ValueError`` for a URL redis-py cannot read."""
     return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
+
+
+def connect_async(url: str, **options: Any) -> redis.asyncio.Redis:
+    """The asyncio counterpart of :func:`connect`: bytes mode, never re-sends a command by
+    itself. Connects on first use (no running event loop needed to build it). Raises
+    ``ValueError`` for a URL redis-py cannot read."""
+    return redis.asyncio.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **options)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import redis
 
@@ -35,12 +35,22 @@ def apply_decision(
     *,
     ledger: Mapping[str, Any] | None,
     finish_reason: str = "",
+    progressed: bool = True,
 ) -> str:
     """Carry out ``decision`` for the job ``record`` describes; answers the state reached.
 
-    ``record`` must be current as of the caller's last write (its queue, attempt count).
+    ``record`` must be current as of the caller's last write (its queue, attempt count);
+    ``progressed``: whether the attempt delivered output (the gate's pacing keeps count).
     """
-    state = _commit(store, lease, record, decision, ledger=ledger, finish_reason=finish_reason)
+    state = _commit(
+        store,
+        lease,
+        decision,
+        record=record,
+        ledger=ledger,
+        finish_reason=finish_reason,
+        progressed=progressed,
+    )
     failpoints.hit("after_commit")
     outbox.complete(store, connection, record.id)
     if state == "spilled":
@@ -51,11 +61,12 @@ def apply_decision(
 def _commit(
     store: Store,
     lease: Lease,
-    record: JobRecord,
     decision: Decision,
     *,
+    record: JobRecord,
     ledger: Mapping[str, Any] | None,
     finish_reason: str,
+    progressed: bool,
 ) -> str:
     """The exit's one script; answers the state it committed."""
     action = decision.action
@@ -71,16 +82,23 @@ def _commit(
         return action
     if action in ("retry", "resume"):
         delay_ms = math.ceil(decision.delay_s * 1000)
-        store.release(lease, to="queued", reason=decision.reason, ledger=ledger, delay_ms=delay_ms)
+        store.release(
+            lease,
+            to="queued",
+            reason=decision.reason,
+            ledger=ledger,
+            delay_ms=delay_ms,
+            progressed=progressed,
+        )
         return "queued"
-    if action == "abandon":
-        store.release(lease, to="abandoned", reason=decision.reason, ledger=ledger)
-        return "abandoned"
+    exit_state: Literal["abandoned", "spilled"] = "abandoned" if action == "abandon" else "spilled"
     try:
         # The spill lane: a reserved worker pool may serve it, or an operator requeues.
-        store.release(lease, to="spilled", reason=decision.reason, ledger=ledger)
+        store.release(
+            lease, to=exit_state, reason=decision.reason, ledger=ledger, progressed=progressed
+        )
     except SpillExhausted:
         reason = f"{decision.reason}, after a spill (spill is not a loop)"
         store.finish(lease, state="failed", error=reason, ledger=ledger)
         return "failed"
-    return "spilled"
+    return exit_state

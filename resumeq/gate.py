@@ -17,14 +17,21 @@ One decision with its reason:
 
 It never answers ``retry`` once a prefix exists: the original request would buy the
 prefix a second time.
+
+Pacing: an attempt that delivered output shows the provider was working — the next one
+starts at once, however many cuts came before. Only attempts that delivered nothing back
+off (exponential, full jitter, capped; a provider's Retry-After is honoured), and such a
+run of failures ends the job's chances by *time*: once it has lasted ``retry_window_s``,
+the job's exit applies. ``max_attempts`` caps the attempts that made progress.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from resumeq.models import JobRecord
 from resumeq.spec import ExitPolicy
 
 Action = Literal["done", "retry", "resume", "abandon", "spill", "failed"]
@@ -61,6 +68,13 @@ class JobView(BaseModel):
     require_exact_counts: bool = False
     byte_exact: bool = False
     exit: ExitPolicy = ExitPolicy()
+    #: Whether the attempt that ended delivered any output.
+    progressed: bool = True
+    #: Attempts in a row, before this one, that delivered nothing; and how long ago the
+    #: first of them (or this one) began to fail, in seconds.
+    failures: int = Field(default=0, ge=0)
+    failing_for_s: float = Field(default=0.0, ge=0)
+    retry_window_s: float = Field(default=300.0, gt=0)
 
 
 class Cut(BaseModel):
@@ -100,11 +114,33 @@ def backoff_s(attempt: int, jitter: float) -> float:
 def _delay(job: JobView, cut: Cut, jitter: float) -> float:
     if cut.retry_after_s is not None:
         return min(cut.retry_after_s, RETRY_AFTER_CAP_S)
-    if cut.kind == "worker_died":
-        return 0.0
-    if cut.kind in ("stream_cut", "stall") and job.attempts <= 1 and job.prefix_chars > 0:
-        return 0.0  # the first cut of a stream that was flowing: continue at once
-    return backoff_s(job.attempts, jitter)
+    if cut.kind == "worker_died" or job.progressed:
+        return 0.0  # the provider was working: continue at once
+    return backoff_s(job.failures + 1, jitter)
+
+
+def _out_of_time(job: JobView) -> str | None:
+    """A run of attempts that delivered nothing, longer than the retry window."""
+    if job.progressed or job.failing_for_s < job.retry_window_s:
+        return None
+    return (
+        f"no output for {job.failing_for_s:.0f} s over {job.failures + 1} attempts "
+        f"(retry window {job.retry_window_s:.0f} s)"
+    )
+
+
+def pacing(record: JobRecord, *, progressed: bool, window_s: float, now_ms: int) -> dict[str, Any]:
+    """The pacing part of a :class:`JobView`, from the job record as of the attempt that
+    just ended: whether it delivered output, the run of failures before it, and since when
+    (the run's first attempt, or this one) the job has been failing."""
+    now = now_ms
+    since = record.failing_since_ms or record.attempt_started_ms or now
+    return {
+        "progressed": progressed,
+        "failures": record.failures,
+        "failing_for_s": 0.0 if progressed else max(0.0, (now - since) / 1000.0),
+        "retry_window_s": window_s,
+    }
 
 
 def _exit(job: JobView, reason: str) -> Decision:
@@ -131,7 +167,11 @@ def _why_not_continue(job: JobView, cut: Cut) -> str | None:
             remaining < job.floor_tokens,
             f"remaining budget {remaining} is below the floor {job.floor_tokens}",
         ),
-        (job.attempts >= job.exit.max_attempts, f"attempts exhausted ({job.attempts})"),
+        (
+            job.progressed and job.attempts >= job.exit.max_attempts,
+            f"attempts exhausted ({job.attempts})",
+        ),
+        (_out_of_time(job) is not None, _out_of_time(job) or ""),
         (cut.in_non_text_block, "cut inside a tool-use or thinking block"),
     ]
     return next((why for failed, why in checks if failed), None)
@@ -154,8 +194,11 @@ def _why_not_retry(job: JobView) -> str | None:
     remaining = job.budget_tokens - job.spent_output_tokens
     if job.exit.on_cut != "resume":
         return f"on_cut is {job.exit.on_cut}"
-    if job.attempts >= job.exit.max_attempts:
-        return f"attempts exhausted ({job.attempts}) before any output"
+    out_of_time = _out_of_time(job)
+    if out_of_time:
+        return out_of_time
+    if job.progressed and job.attempts >= job.exit.max_attempts:
+        return f"attempts exhausted ({job.attempts})"
     if remaining < job.floor_tokens:
         # Reasoning that was cut before any text is billed and lost.
         return f"remaining budget {remaining} is below the floor {job.floor_tokens}"

@@ -29,9 +29,16 @@ from rq.registry import clean_registries
 from resumeq import outbox
 from resumeq.context import WorkerContext
 from resumeq.counting import estimate
-from resumeq.errors import ConfigError, CorruptRecord, JobNotFound, ResumeqError, WriteRefused
+from resumeq.errors import (
+    ConfigError,
+    CorruptRecord,
+    JobNotFound,
+    RedisUnavailable,
+    ResumeqError,
+    WriteRefused,
+)
 from resumeq.exits import apply_decision
-from resumeq.gate import Cut, JobView, decide
+from resumeq.gate import Cut, JobView, decide, pacing
 from resumeq.ledger import AttemptRecord
 from resumeq.models import JobRecord, JobState, Lease
 from resumeq.queueing import (
@@ -42,7 +49,7 @@ from resumeq.queueing import (
     fail_dead_attempt,
     rq_queue,
 )
-from resumeq.store import SPILL_QUEUE
+from resumeq.store import SPILL_QUEUE, redis_errors
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +103,33 @@ class Janitor:
             self._last_registry_clean = time.monotonic()
         return report
 
-    def run(self, *, interval_s: float, stop: threading.Event | None = None) -> None:
+    def run(
+        self,
+        *,
+        interval_s: float,
+        stop: threading.Event | None = None,
+        max_backoff_s: float = 30.0,
+    ) -> None:
+        """Sweep every ``interval_s`` until ``stop`` is set. A sweep that cannot reach Redis
+        (or is refused by it) stops at the first step that fails and is logged as one line;
+        the pause before the next doubles from twice the interval up to ``max_backoff_s``,
+        and the first sweep that gets through brings it back to the interval."""
         stop = stop or threading.Event()
         log.info("%s sweeping every %.1f s", self.name, interval_s)
+        failed = 0
         while not stop.is_set():
-            report = self.sweep()
+            try:
+                report = self.sweep()
+            except RedisUnavailable as exc:
+                failed += 1
+                cap = max(max_backoff_s, interval_s)
+                pause = min(cap, interval_s * 2.0 ** min(failed, 32))
+                log.warning("%s: sweep failed: %s (next sweep in %.1f s)", self.name, exc, pause)
+                stop.wait(pause)
+                continue
+            if failed:
+                log.info("%s: Redis answers again after %d failed sweep(s)", self.name, failed)
+                failed = 0
             if report.reaped or report.requeued or report.followed_up:
                 log.info(
                     "reaped %d job(s) %s, followed up %d commit(s), re-enqueued %d",
@@ -112,14 +141,21 @@ class Janitor:
             stop.wait(interval_s)
 
     def _safe(self, report: SweepReport, fn: Callable[[*Ts], R], *args: *Ts) -> R | None:
+        """Run one step of a sweep: a failure is logged as one line (a traceback only for
+        what resumeq does not expect) and the sweep goes on, except when Redis cannot be
+        reached: that is raised, and ends the sweep (every further step would fail too)."""
+        name = getattr(fn, "__name__", "sweep step")
         try:
-            return fn(*args)
+            with redis_errors(name.lstrip("_")):
+                return fn(*args)
+        except RedisUnavailable:
+            raise
         except (ResumeqError, ValueError, OSError) as exc:
             report.errors += 1
-            log.warning("%s: %s%s failed: %s", self.name, getattr(fn, "__name__", fn), args, exc)
+            log.warning("%s: %s%s failed: %s", self.name, name, args, exc)
         except Exception:
             report.errors += 1
-            log.exception("%s: %s%s failed", self.name, getattr(fn, "__name__", fn), args)
+            log.exception("%s: %s%s failed", self.name, name, args)
         return None
 
     def _fail_unreadable(self, job_id: str, exc: CorruptRecord) -> str:
@@ -139,6 +175,7 @@ class Janitor:
         text_bytes = self.store.text_bytes(job_id)
         counted = self._count_dead_attempt(lease, record, text_bytes)
         spent = record.attempt_spent_base + counted
+        progressed = counted > 0 or text_bytes > record.attempt_text_base
         view = JobView(
             budget_tokens=record.budget_tokens,
             floor_tokens=record.floor_tokens,
@@ -150,6 +187,12 @@ class Janitor:
             require_exact_counts=record.spec.require_exact_counts,
             byte_exact=record.spec.byte_exact,
             exit=record.spec.exit,
+            **pacing(
+                record,
+                progressed=progressed,
+                window_s=self.ctx.settings.file.worker.retry_window_s,
+                now_ms=int(time.time() * 1000),
+            ),
         )
         decision = decide(view, Cut(kind="worker_died"))
         owner = (record.stalled_owner or "").split(":")
@@ -165,13 +208,28 @@ class Janitor:
             provider=record.spec.provider,
             prefix_tokens=record.attempt_spent_base,
             output_tokens_persisted=counted,
+            # Its text is what follows the attempt's base (a character boundary: where
+            # the previous attempt's text ended).
+            chars_persisted=len(
+                self.store.text(job_id)
+                .encode()[record.attempt_text_base :]
+                .decode(errors="replace")
+            ),
             bytes_persisted=text_bytes - record.attempt_text_base,
             count_source="usage" if record.counts_exact else "estimate",
             counts_exact=record.counts_exact,
+            # What it had in flight when it died was billed and never counted.
+            billed_lower_bound=True,
         )
         try:
             outcome = apply_decision(
-                self.store, self.ctx.redis, lease, record, decision, ledger=entry.to_json_dict()
+                self.store,
+                self.ctx.redis,
+                lease,
+                record,
+                decision,
+                ledger=entry.to_json_dict(),
+                progressed=progressed,
             )
         except WriteRefused as exc:
             log.info("job %s changed while being reaped: %s", job_id, exc)

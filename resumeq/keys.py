@@ -27,6 +27,15 @@ QUEUED = f"{PREFIX}:queued"
 SPILLED = f"{PREFIX}:spilled"
 #: Job id → time its outbox got its oldest entry still pending: what the janitor completes.
 OUTBOX = f"{PREFIX}:outbox"
+#: Job id → time it entered the state: running (a worker holds it), stalled (a janitor
+#: does), ended (terminal, its events stream not yet trimmed). With QUEUED and SPILLED,
+#: every job that is not terminal is in exactly one of these indexes.
+RUNNING = f"{PREFIX}:running"
+STALLED = f"{PREFIX}:stalled"
+ENDED = f"{PREFIX}:ended"
+#: Running totals over every ledger record written (tokens, attempts, cuts) and jobs ended
+#: by state: what ``stats`` and the metrics read, in O(1).
+TOTALS = f"{PREFIX}:totals"
 
 
 def check_job_id(job_id: str) -> str:
@@ -92,6 +101,13 @@ def idempotency(key: str) -> str:
     if not IDEMPOTENCY_KEY_RE.match(key):
         raise ValueError(f"malformed idempotency key {key!r}")
     return f"{PREFIX}:idem:{key}"
+
+
+def totals_of(provider: str) -> str:
+    """The running totals of one provider profile (names as profiles allow: no braces)."""
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", provider):
+        raise ValueError(f"malformed provider profile name {provider!r}")
+    return f"{TOTALS}:provider:{provider}"
 
 
 #: A pattern matching every job hash (not its text, lease, events or ledger).

@@ -57,6 +57,36 @@ class AttemptRecord(BaseModel):
     #: and (``instruction`` mode) a restated ending.
     echo_chars: int = 0
     overlap_chars: int = 0
+    #: The provider billed at least what is recorded, maybe more: an attempt that died, or
+    #: was stopped, with tokens in flight that nobody counted.
+    billed_lower_bound: bool = False
+
+    @property
+    def billed_output(self) -> int:
+        """Output tokens this attempt is charged for: the provider's count where known."""
+        return (
+            self.output_tokens if self.output_tokens is not None else self.output_tokens_persisted
+        )
+
+    def totals(self) -> dict[str, int]:
+        """What this record adds to the running totals (``stats``, the metrics)."""
+        deltas = {
+            "attempts": 1,
+            f"attempts:{self.kind}:{self.outcome}": 1,
+            "output_tokens_billed": self.billed_output,
+            "output_tokens_persisted": self.output_tokens_persisted,
+            "input_tokens_billed": self.input_tokens or 0,
+            "cached_input_tokens": self.cached_input_tokens or 0,
+            "cache_creation_input_tokens": self.cache_creation_input_tokens or 0,
+            "reasoning_tokens": self.reasoning_tokens or 0,
+            # A naive replay buys every resumed prefix again.
+            "naive_output_tokens_billed": self.billed_output
+            + (self.prefix_tokens if self.kind == "resume" else 0),
+            "lower_bound_attempts": int(self.billed_lower_bound),
+        }
+        if self.cut and self.cut != "finished":
+            deltas[f"cuts:{self.cut}"] = 1
+        return {field: n for field, n in deltas.items() if n}
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -70,7 +100,7 @@ def summary(
 ) -> dict[str, Any]:
     """Totals over a job's ledger: tokens billed and persisted, input replay, money."""
     records = [AttemptRecord.model_validate(a) for a in attempts]
-    billed_out = sum(r.output_tokens or r.output_tokens_persisted for r in records)
+    billed_out = sum(r.billed_output for r in records)
     persisted = sum(r.output_tokens_persisted for r in records)
     billed_in = sum(r.input_tokens or 0 for r in records)
     cached_in = sum(r.cached_input_tokens or 0 for r in records)
@@ -86,6 +116,8 @@ def summary(
         "input_tokens_billed": billed_in,
         "cached_input_tokens": cached_in,
         "output_counts_complete": all(r.output_tokens is not None for r in records),
+        # Whether the billed figures are final: no attempt's bill is only a lower bound.
+        "counts_complete": not any(r.billed_lower_bound for r in records),
         "input_replay_ratio": None,
     }
     if base_in and resume_in:

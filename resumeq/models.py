@@ -81,6 +81,25 @@ class JobRecord(BaseModel):
     spilled_ms: int | None = None
     #: The fencing token of the attempt a janitor found dead.
     stalled_owner: str | None = None
+    #: Attempts in a row that delivered nothing, and when the first of them started.
+    failures: int = 0
+    failing_since_ms: int | None = None
+    #: Once the ended job's events stream was trimmed: the revision of its one entry left
+    #: (the terminal state), and ``"rev:end rev:end …"``, the text's length in bytes after
+    #: each revision that added text (what a late follower resumes from).
+    events_from: int | None = None
+    text_offsets: str = ""
+
+    def text_bytes_after(self, revision: int) -> int:
+        """How many bytes of the text a follower had after ``revision``, from
+        :attr:`text_offsets` (a trimmed stream no longer holds the deltas)."""
+        end = 0
+        for pair in self.text_offsets.split():
+            rev, _, size = pair.partition(":")
+            if int(rev) > revision:
+                break
+            end = int(size)
+        return end
 
     @property
     def attempt_kind(self) -> Literal["fresh", "retry", "resume"]:

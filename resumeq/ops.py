@@ -2,22 +2,40 @@
 
 from __future__ import annotations
 
-from collections import Counter
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from resumeq import keys, outbox
-from resumeq.errors import JobNotFound
+from resumeq.errors import JobNotFound, ResumeqError
 from resumeq.ledger import summary
 from resumeq.models import JobRecord, JobState
 from resumeq.queueing import discard_attempt
-from resumeq.store import Store, decode
+from resumeq.store import Store, decode, redis_errors
 
 
 def status_dict(store: Store, job_id: str) -> dict[str, Any]:
     """The ``status --json`` object (SPEC §15): the record and its text as of one
-    revision."""
+    revision. ``lease``, for a running or stalled job: who holds it (a worker, or the
+    janitor that reaped it), for which attempt, and in how many ms it expires (0: it has,
+    and a janitor will reap the job); None otherwise."""
     record, text = store.snapshot(job_id)
     ledger = store.ledger(job_id)
+    lease = None
+    if record.state in (JobState.RUNNING, JobState.STALLED) and record.lease_token:
+        key = keys.lease(job_id)
+        with redis_errors("lease"), store.redis.pipeline(transaction=True) as pipe:
+            pipe.get(key)
+            pipe.pttl(key)
+            held, ttl_ms = pipe.execute()
+        # A fencing token is attempt:holder:nonce; the key holds the current one.
+        attempt, _, rest = (decode(held) if held else record.lease_token).partition(":")
+        lease = {
+            "holder": rest.rpartition(":")[0] or rest,
+            "attempt": int(attempt) if attempt.isdigit() else None,
+            "expires_in_ms": max(int(ttl_ms), 0) if held else 0,
+        }
     return {
         "id": record.id,
         "state": record.state.value,
@@ -40,11 +58,14 @@ def status_dict(store: Store, job_id: str) -> dict[str, Any]:
         "created_ms": record.created_ms,
         "updated_ms": record.updated_ms,
         "finished_ms": record.finished_ms,
+        "lease": lease,
         "summary": summary(ledger),
     }
 
 
 def all_job_ids(store: Store, *, batch: int = 500) -> list[str]:
+    """Every job id in Redis, by a SCAN (tools and tests; the service's views use the
+    indexes)."""
     ids = []
     for key in store.redis.scan_iter(match=keys.JOB_PATTERN, count=batch):
         name = decode(key)
@@ -58,35 +79,85 @@ def naive_output_tokens(ledger: list[dict[str, Any]]) -> int:
     return int(total + sum(a.get("prefix_tokens", 0) for a in ledger if a.get("kind") == "resume"))
 
 
-def stats(store: Store) -> dict[str, Any]:
-    """Counts by state and token totals over every job still in Redis."""
-    states: Counter[str] = Counter()
-    totals = Counter(
-        output_tokens_billed=0,
-        output_tokens_persisted=0,
-        input_tokens_billed=0,
-        cached_input_tokens=0,
-        naive_output_tokens_billed=0,
-        attempts=0,
-    )
-    for job_id in all_job_ids(store):
-        try:
-            record = store.get(job_id)
-        except JobNotFound:
-            continue  # expired while we scanned
-        states[record.state.value] += 1
-        ledger = store.ledger(job_id)
-        s = summary(ledger)
-        totals["output_tokens_billed"] += s["output_tokens_billed"]
-        totals["output_tokens_persisted"] += record.spent_output_tokens
-        totals["input_tokens_billed"] += s["input_tokens_billed"]
-        totals["cached_input_tokens"] += s["cached_input_tokens"]
-        totals["naive_output_tokens_billed"] += naive_output_tokens(ledger)
-        totals["attempts"] += s["attempts"]
+#: The running totals ``stats`` reports, as the scripts that write the ledger keep them.
+TOTAL_FIELDS = (
+    "attempts",
+    "output_tokens_billed",
+    "output_tokens_persisted",
+    "input_tokens_billed",
+    "cached_input_tokens",
+    "cache_creation_input_tokens",
+    "reasoning_tokens",
+    "naive_output_tokens_billed",
+    "lower_bound_attempts",
+)
+
+
+def stats(store: Store, provider: str | None = None) -> dict[str, Any]:
+    """Counts by state and token totals, in O(1): jobs in a state that is not terminal are
+    counted now (the state indexes); ended jobs, tokens and attempts are running totals the
+    scripts keep as they write each ledger record (since the totals began). An attempt in
+    flight is in none of the token totals until its record is written; ``counts_complete``
+    says whether any is, or whether any recorded bill is only a lower bound (a worker that
+    died with tokens in flight)."""
+    totals = store.totals(provider)
+    live = store.live_counts()
+    states = {
+        state.value: live[state.value]
+        if state.value in live
+        else totals.get(f"jobs:{state.value}", 0)
+        for state in JobState
+    }
+    in_flight = live["running"] + live["stalled"]
     return {
-        "jobs": sum(states.values()),
-        "states": {state.value: states.get(state.value, 0) for state in JobState},
-        **dict(totals),
+        "jobs": totals.get("jobs:created", 0),
+        "states": states,
+        **{field: totals.get(field, 0) for field in TOTAL_FIELDS},
+        "attempts_in_flight": in_flight,
+        "counts_complete": in_flight == 0 and not totals.get("lower_bound_attempts", 0),
+    }
+
+
+LIVE_STATES = ("queued", "running", "stalled", "spilled")
+
+
+def list_jobs(
+    store: Store, state: str, *, queue: str | None = None, limit: int = 100
+) -> list[dict[str, Any]]:
+    """Jobs in a state that is not terminal, longest there first, from the state's index
+    (never a scan); with ``queue``, only that queue's, paging through the index."""
+    if limit <= 0:
+        raise ValueError(f"limit must be > 0, got {limit}")
+    found: list[dict[str, Any]] = []
+    offset, page = 0, max(limit, 100)
+    while len(found) < limit:
+        ids = store.in_state(state, limit=page, offset=offset)
+        if not ids:
+            break
+        offset += len(ids)
+        for job_id in ids:
+            try:
+                record = store.get(job_id)
+            except JobNotFound:
+                continue  # ended or purged since the index was read
+            if queue is None or record.queue == queue:
+                found.append(job_entry(record))
+    return found[:limit]
+
+
+def job_entry(record: JobRecord) -> dict[str, Any]:
+    """A job in a listing: enough to choose what to look at."""
+    return {
+        "id": record.id,
+        "state": record.state.value,
+        "queue": record.queue,
+        "provider": record.spec.provider,
+        "model": record.spec.model,
+        "attempt": record.attempt,
+        "spent_output_tokens": record.spent_output_tokens,
+        "budget_tokens": record.budget_tokens,
+        "reason": record.reason,
+        "updated_ms": record.updated_ms,
     }
 
 
@@ -103,24 +174,85 @@ def spill_entry(store: Store, record: JobRecord) -> dict[str, Any]:
     }
 
 
-def spill_list(store: Store) -> list[dict[str, Any]]:
-    out = []
-    for job_id in store.spilled():
+@dataclass(frozen=True)
+class SpillFilter:
+    """Which spilled jobs an operation is about: every given condition must hold."""
+
+    #: A piece of the reason it spilled (case does not matter).
+    reason: str | None = None
+    provider: str | None = None
+    queue: str | None = None
+    #: Spilled at least this long ago.
+    older_than_s: float | None = None
+
+    def matches(self, record: JobRecord, now_ms: int) -> bool:
+        if self.reason and self.reason.lower() not in (record.reason or "").lower():
+            return False
+        if self.provider and record.spec.provider != self.provider:
+            return False
+        if self.queue and record.queue != self.queue:
+            return False
+        if self.older_than_s is not None:
+            age_ms = now_ms - (record.spilled_ms or now_ms)
+            return age_ms >= self.older_than_s * 1000
+        return True
+
+
+def spilled_records(
+    store: Store, where: SpillFilter | None = None, *, limit: int | None = None
+) -> list[JobRecord]:
+    """Spilled jobs that match, oldest spill first (from the spill index)."""
+    where = where or SpillFilter()
+    now_ms = int(time.time() * 1000)
+    found: list[JobRecord] = []
+    for job_id in store.spilled(limit=1_000_000):
         try:
-            out.append(spill_entry(store, store.get(job_id)))
+            record = store.get(job_id)
         except JobNotFound:
-            continue
-    return out
+            continue  # requeued or dropped meanwhile, or expired
+        if where.matches(record, now_ms):
+            found.append(record)
+            if limit is not None and len(found) >= limit:
+                break
+    return found
+
+
+def spill_list(
+    store: Store, where: SpillFilter | None = None, *, limit: int | None = None
+) -> list[dict[str, Any]]:
+    return [spill_entry(store, r) for r in spilled_records(store, where, limit=limit)]
+
+
+def spill_detail(store: Store, job_id: str) -> dict[str, Any]:
+    """Everything a person needs to judge a spilled job: its status, its ledger and the
+    conversation it was asked (the prompt itself, not only its hash)."""
+    info = status_dict(store, job_id)
+    record = store.get(job_id)
+    info["messages"] = [m.model_dump(mode="json") for m in record.spec.chat]
+    info["provider"] = record.spec.provider
+    info["model"] = record.spec.model
+    return info
 
 
 def requeue_spilled(
-    store: Store, job_id: str, *, queue: str | None = None, provider: str | None = None
+    store: Store,
+    job_id: str,
+    *,
+    queue: str | None = None,
+    provider: str | None = None,
+    budget: int | None = None,
 ) -> str:
     """Send a spilled job back to ``queue`` (default: its own), maybe with another
-    provider profile; its parked RQ job in the spill lane is replaced (the outbox does it,
-    or the janitor if this process dies first). Answers the queue."""
+    provider profile or a larger budget; its parked RQ job in the spill lane is replaced
+    (the outbox does it, or the janitor if this process dies first). Answers the queue."""
     record = store.get(job_id)
-    store.requeue(job_id, queue=queue, provider=provider, expected_revision=record.revision)
+    store.requeue(
+        job_id,
+        queue=queue,
+        provider=provider,
+        budget=budget,
+        expected_revision=record.revision,
+    )
     outbox.complete(store, store.redis, job_id)
     return queue or record.queue
 
@@ -129,3 +261,31 @@ def drop_spilled(store: Store, job_id: str, *, reason: str) -> None:
     record = store.get(job_id)
     store.drop(job_id, reason=reason)
     discard_attempt(store.redis, job_id, record.attempt + 1)
+
+
+@dataclass
+class BulkResult:
+    """What a bulk operation on the spill lane did, job by job."""
+
+    done: list[str] = field(default_factory=list)
+    #: Job id → why it was left alone (changed meanwhile, gone).
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"done": self.done, "count": len(self.done), "skipped": self.skipped}
+
+
+def bulk(
+    store: Store, action: Callable[[str], Any], where: SpillFilter, *, limit: int | None = None
+) -> BulkResult:
+    """Apply ``action`` to every spilled job that matches (up to ``limit``); a job that
+    changed meanwhile is skipped with the reason, and the rest go on."""
+    result = BulkResult()
+    for record in spilled_records(store, where, limit=limit):
+        try:
+            action(record.id)
+        except (ResumeqError, ValueError) as exc:
+            result.skipped[record.id] = str(exc)
+        else:
+            result.done.append(record.id)
+    return result

@@ -6,7 +6,8 @@ for long jobs; resumeq's lease, not RQ's job timeout, is what detects a dead wor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 
 import redis
 from rq import Worker
@@ -14,9 +15,11 @@ from rq.serializers import JSONSerializer
 
 import resumeq.worker  # noqa: F401 - loaded once here, not in every forked attempt
 from resumeq.context import preload
+from resumeq.errors import ConfigError
 from resumeq.hooks import import_hook_modules
 from resumeq.queueing import rq_queue
 from resumeq.settings import Settings
+from resumeq.store import redis_errors
 
 
 class ResumeqWorker(Worker):
@@ -39,16 +42,39 @@ class ResumeqWorker(Worker):
 
 
 def make_worker(settings: Settings, queues: Sequence[str] = ()) -> ResumeqWorker:
-    """A forking RQ worker on ``queues`` (default: the configured ones), JSON-serialized."""
+    """A forking RQ worker on ``queues`` (default: the configured ones), JSON-serialized.
+
+    Redis is asked first: one that cannot be reached, or refuses the login, is a
+    :class:`~resumeq.errors.RedisUnavailable` that says which, raised before RQ starts."""
     import_hook_modules(settings.file.worker.hook_modules)
     preload()
-    connection = redis.Redis.from_url(settings.redis_url)
+    try:
+        connection = redis.Redis.from_url(settings.redis_url)
+    except ValueError as exc:
+        raise ConfigError(f"invalid Redis URL: {exc}") from None
     names = queues or settings.file.worker.queues
-    return ResumeqWorker(
-        [rq_queue(name, connection) for name in names],
-        connection=connection,
-        serializer=JSONSerializer,
-    )
+    with redis_errors("worker start"):
+        connection.ping()
+        return ResumeqWorker(
+            [rq_queue(name, connection) for name in names],
+            connection=connection,
+            serializer=JSONSerializer,
+        )
+
+
+def missing_api_keys(
+    settings: Settings, environ: Mapping[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """``(profile, variable)`` for each configured profile whose ``api_key_env`` variable
+    is unset or empty here: its requests would go without a key, and fail (401) only when
+    a job runs. A worker warns of them and starts all the same: it may serve only some
+    profiles, and a key may be meant for other workers."""
+    env = os.environ if environ is None else environ
+    return [
+        (name, profile.api_key_env)
+        for name, profile in sorted(settings.file.providers.items())
+        if profile.api_key_env is not None and not env.get(profile.api_key_env)
+    ]
 
 
 def run_worker(settings: Settings, queues: Sequence[str] = (), *, burst: bool = False) -> int:

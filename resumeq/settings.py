@@ -156,6 +156,9 @@ class WorkerSettings(BaseModel):
     #: checkpoint from costing a Redis round trip every couple of milliseconds. 0: off.
     flush_min_ms: int = Field(default=20, ge=0)
     lease_ttl_ms: int = Field(default=15_000, ge=100)
+    #: Attempts that deliver nothing (429, 5xx, connect errors, cuts before any output)
+    #: back off and go on for this long before the job's exit applies.
+    retry_window_s: float = Field(default=300.0, gt=0)
     queues: tuple[str, ...] = ("resumeq",)
     #: Modules the workers import so that their hooks are registered.
     hook_modules: tuple[str, ...] = ()
@@ -219,7 +222,8 @@ class Settings(BaseModel):
 
 
 def load_config_file(path: Path) -> ConfigFile:
-    """Read and validate a TOML config file."""
+    """Read and validate a TOML config file. A file with several problems reports every
+    one, a line each (``config file PATH: field.path: message``); each line stands alone."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -229,10 +233,12 @@ def load_config_file(path: Path) -> ConfigFile:
     try:
         return ConfigFile.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"])
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ConfigError(f"config file {path}: {where}: {first['msg']}{more}") from None
+        problems = []
+        for error in exc.errors(include_url=False, include_input=False):
+            where = ".".join(str(p) for p in error["loc"]) or "(file)"
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"config file {path}: {where}: {message}")
+        raise ConfigError("\n".join(problems)) from None
 
 
 def load_settings(*, redis_url: str | None = None, config_path: Path | None = None) -> Settings:

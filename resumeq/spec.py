@@ -20,9 +20,11 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
 from resumeq.errors import FieldError, InvalidSpec
@@ -30,6 +32,10 @@ from resumeq.keys import IDEMPOTENCY_KEY_RE
 
 #: Version of the canonical form hashed by :meth:`JobSpec.prompt_hash`.
 PROMPT_HASH_VERSION = 1
+#: The floor of a job that gives none, unless its budget is under twice this.
+DEFAULT_FLOOR_TOKENS = 32
+
+_INT: TypeAdapter[int] = TypeAdapter(int)
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")
@@ -100,6 +106,13 @@ class Message(BaseModel):
     content: str
 
 
+def default_floor(budget_tokens: int) -> int:
+    """The floor of a job that gives none: :data:`DEFAULT_FLOOR_TOKENS`, or half the budget
+    when that is less (a job of 10 tokens resumes with 5 or more left), and never under 1
+    (a budget of 1, 2 or 3 has a floor of 1: no floor)."""
+    return max(1, min(DEFAULT_FLOOR_TOKENS, budget_tokens // 2))
+
+
 class GenerationParams(BaseModel):
     """Sampling parameters that change the answer, and so the prompt hash."""
 
@@ -145,7 +158,13 @@ class JobSpec(BaseModel):
     provider: str
     model: str
     budget_tokens: int = Field(gt=0)
-    floor_tokens: int = Field(default=32, ge=1, validate_default=True)
+    #: The smallest remaining budget worth a continuation (SPEC §4): a cut job with less
+    #: left takes its exit instead. ``1 <= floor_tokens < budget_tokens``, except that a
+    #: floor of 1 fits every budget: it is no floor at all (any budget left is worth
+    #: resuming), the only floor a budget of 1 can have. Not given, it is
+    #: :func:`default_floor` of the budget (32, or half a smaller budget): a default never
+    #: makes a request invalid, and an error about the floor means the caller set it.
+    floor_tokens: int = Field(default=DEFAULT_FLOOR_TOKENS, ge=1, validate_default=True)
     params: GenerationParams = GenerationParams()
     exit: ExitPolicy = ExitPolicy()
     idempotency_key: str | None = None
@@ -218,13 +237,28 @@ class JobSpec(BaseModel):
             raise ValueError(f"must be at most {limit}, got {v}")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_floor(cls, data: Any) -> Any:
+        """No floor given: derive it from the budget, read as pydantic will read it (an
+        unreadable budget is reported as such, and the floor then checked against none)."""
+        if not isinstance(data, Mapping) or "floor_tokens" in data:
+            return data
+        try:
+            budget = _INT.validate_python(data.get("budget_tokens"))
+        except ValidationError:
+            return data
+        return {**data, "floor_tokens": default_floor(budget)} if budget > 0 else data
+
     @field_validator("floor_tokens")
     @classmethod
     def _check_floor(cls, v: int, info: ValidationInfo) -> int:
         budget = info.data.get("budget_tokens")
-        if budget is not None and v >= budget:
-            raise ValueError(f"must be less than budget_tokens ({budget}), got {v}")
-        return v
+        if budget is None or v == 1 or v < budget:
+            return v
+        if budget == 1:
+            raise ValueError(f"must be 1 when budget_tokens is 1, got {v}")
+        raise ValueError(f"must be less than budget_tokens ({budget}), got {v}")
 
     @field_validator("idempotency_key")
     @classmethod

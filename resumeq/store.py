@@ -37,6 +37,7 @@ from resumeq.errors import (
     StaleRevision,
     StoreError,
 )
+from resumeq.ledger import AttemptRecord
 from resumeq.models import Acquired, CreateResult, FlushResult, JobRecord, Lease
 from resumeq.scripts import Scripts
 from resumeq.settings import StoreSettings
@@ -83,12 +84,31 @@ def _check_owner(name: str) -> str:
 
 @contextmanager
 def redis_errors(op: str) -> Iterator[None]:
+    """redis-py's errors as resumeq's, each message naming ``op`` and the cause.
+
+    A refused login (wrong credentials, or none where Redis requires them) says so; it is a
+    :class:`RedisUnavailable` too, since nothing gets through until it is fixed. redis-py
+    raises it as an ``AuthenticationError`` (with the NOAUTH or WRONGPASS code taken off),
+    an ``AuthenticationWrongNumberOfArgsError``, or, from servers it does not map, as a
+    response error whose text starts with the code.
+    """
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError) as exc:
-        # READONLY: a replica promoted away from under us (a failover): try again later.
-        raise RedisUnavailable(f"{op}: Redis unreachable: {exc}") from exc
     except redis.RedisError as exc:
+        text = str(exc)
+        none_given = ("NOAUTH", "HELLO must be called", "Authentication required")
+        if isinstance(
+            exc, redis.AuthenticationError | redis.AuthenticationWrongNumberOfArgsError
+        ) or (isinstance(exc, redis.ResponseError) and text.startswith(("WRONGPASS", *none_given))):
+            if text.startswith(none_given):
+                text = (
+                    "none were given and this Redis requires them "
+                    "(redis://USER:PASSWORD@host:port/db; no USER for the default user)"
+                )
+            raise RedisUnavailable(f"{op}: Redis refused the credentials: {text}") from exc
+        if isinstance(exc, redis.ConnectionError | redis.TimeoutError | redis.ReadOnlyError):
+            # READONLY: a replica promoted away from under us (a failover): try again later.
+            raise RedisUnavailable(f"{op}: Redis unreachable: {exc}") from exc
         raise StoreError(f"{op}: Redis answered an error: {exc}") from exc
 
 
@@ -158,7 +178,7 @@ class Store:
         spec = parse_spec(spec, limits=self.limits)
         check_queue(queue)
         job_id = keys.check_job_id(job_id) if job_id is not None else uuid.uuid4().hex
-        job_keys = [keys.job(job_id), keys.QUEUED, keys.outbox(job_id), keys.OUTBOX]
+        job_keys = [keys.job(job_id), keys.QUEUED, keys.outbox(job_id), keys.OUTBOX, keys.TOTALS]
         if spec.idempotency_key is not None:
             job_keys.append(keys.idempotency(spec.idempotency_key))
         args: list[str | int] = [
@@ -202,17 +222,31 @@ class Store:
         *,
         queue: str | None = None,
         provider: str | None = None,
+        budget: int | None = None,
         expected_revision: int | None = None,
     ) -> int:
-        """Send a spilled job back to a queue, maybe another one or another provider.
+        """Send a spilled job back to a queue, maybe another one, another provider or a
+        larger budget. Answers the new revision.
 
         Naming another provider profile re-pins the prompt hash to the edited spec: the
-        operator chose to continue the stored prefix there. Answers the new revision.
+        operator chose to continue the stored prefix there. A new ``budget`` must leave
+        room past what was already spent (the budget is not part of the prompt hash).
         """
         spec_json, new_hash = "", ""
-        if provider is not None:
-            spec = self.get(job_id).spec.model_copy(update={"provider": provider})
-            spec = parse_spec(spec, limits=self.limits)
+        if provider is not None or budget is not None:
+            record = self.get(job_id)
+            update: dict[str, Any] = {}
+            if provider is not None:
+                update["provider"] = provider
+            if budget is not None:
+                if budget <= record.spent_output_tokens:
+                    raise ValueError(
+                        f"budget_tokens: {budget} leaves nothing past the "
+                        f"{record.spent_output_tokens} tokens already spent"
+                    )
+                update["budget_tokens"] = budget
+            edited = record.spec.model_dump(mode="json") | update
+            spec = parse_spec(edited, limits=self.limits)
             spec_json, new_hash = spec.to_json(), spec.prompt_hash()
         job_keys = [
             keys.job(job_id),
@@ -228,6 +262,7 @@ class Store:
             new_hash,
             _optional(expected_revision),
             request_id(),
+            budget if budget is not None else "",
         ]
         return self._write("requeue", job_keys, args, job_id, expected_revision)
 
@@ -241,6 +276,8 @@ class Store:
             keys.ledger(job_id),
             keys.outbox(job_id),
             keys.OUTBOX,
+            keys.ENDED,
+            keys.TOTALS,
             *self._idempotency_key_of(job_id),
         ]
         args: list[str | int] = [reason, self.settings.retention_s, request_id()]
@@ -272,6 +309,9 @@ class Store:
             keys.SPILLED,
             keys.outbox(job_id),
             keys.OUTBOX,
+            keys.RUNNING,
+            keys.STALLED,
+            keys.ENDED,
             *self._idempotency_key_of(job_id),
         ]
         status, *rest = self._run("purge", job_keys, [job_id], job_id, tries=WRITE_TRIES)
@@ -347,6 +387,70 @@ class Store:
                                tries=WRITE_TRIES)  # fmt: skip
         return bool(status == "ok")
 
+    def append_ledger(self, job_id: str, *, attempt: int, entry: Mapping[str, Any]) -> bool:
+        """Record an attempt that ended without an exit of its own (stopped by a cancel,
+        fenced out): at most one record per attempt. Answers whether it was written."""
+        job_keys = [keys.job(job_id), keys.ledger(job_id), *_totals_keys(entry)]
+        args: list[str | int] = [attempt, _ledger_json(entry), _totals_json(entry)]
+        status, *rest = self._run("ledger_append", job_keys, args, job_id, tries=WRITE_TRIES)
+        if status == "not_found":
+            return False
+        if status not in ("ok", "recorded"):
+            self._refused(status, rest, job_id, "ledger_append")
+        return bool(status == "ok")
+
+    # -- events after the end ------------------------------------------------------------
+
+    def ended_before(self, age_ms: int, *, limit: int = 200) -> list[str]:
+        """Ids of jobs that ended at least ``age_ms`` ago and whose events stream is not
+        trimmed yet, oldest first."""
+        return self._before(keys.ENDED, age_ms, limit, "ended_before")
+
+    def trim_events(self, job_id: str) -> int:
+        """Cut an ended job's events stream to its terminal entry, keeping in the job hash
+        where each text delta ended so a late follower reads the rest from the text.
+        Answers how many entries were removed (0 when there was nothing to trim: the job
+        is gone, not ended, or trimmed already)."""
+        job_keys = [keys.job(job_id), keys.events(job_id), keys.ENDED]
+        status, *rest = self._run("trim_events", job_keys, [job_id], job_id, tries=WRITE_TRIES)
+        if status == "ok":
+            return int(rest[0])
+        if status in ("not_found", "not_ended", "already_trimmed"):
+            return 0
+        self._refused(status, rest, job_id, "trim_events")
+
+    def totals(self, provider: str | None = None) -> dict[str, int]:
+        """The running totals (all jobs', or one provider's)."""
+        key = keys.totals_of(provider) if provider else keys.TOTALS
+        raw = self._read("totals", lambda r: r.hgetall(key))
+        return {_s(k): int(v) for k, v in raw.items()}
+
+    def live_counts(self) -> dict[str, int]:
+        """How many jobs are in each state that is not terminal, now."""
+        indexes = {
+            "queued": keys.QUEUED,
+            "running": keys.RUNNING,
+            "stalled": keys.STALLED,
+            "spilled": keys.SPILLED,
+        }
+
+        def counts(r: redis.Redis) -> list[Any]:
+            with r.pipeline(transaction=False) as pipe:
+                for key in indexes.values():
+                    pipe.zcard(key)
+                return pipe.execute()
+
+        return dict(zip(indexes, (int(n) for n in self._read("live_counts", counts)), strict=True))
+
+    def in_state(self, state: str, *, limit: int, offset: int = 0) -> list[str]:
+        """Ids of jobs in a state that is not terminal, longest there first."""
+        index = {"queued": keys.QUEUED, "running": keys.RUNNING, "stalled": keys.STALLED,
+                 "spilled": keys.SPILLED}.get(state)  # fmt: skip
+        if index is None:
+            raise ValueError(f"no index of {state!r} jobs (queued, running, stalled, spilled)")
+        ids = self._read("in_state", lambda r: r.zrange(index, offset, offset + limit - 1))
+        return [_s(i) for i in ids]
+
     # -- hook runs -----------------------------------------------------------------------
 
     def claim_hook(
@@ -412,6 +516,7 @@ class Store:
             keys.text(job_id),
             keys.outbox(job_id),
             keys.OUTBOX,
+            keys.RUNNING,
         ]
         args: list[str | int] = [
             _check_owner(worker),
@@ -524,6 +629,8 @@ class Store:
             keys.ledger(job_id),
             keys.outbox(job_id),
             keys.OUTBOX,
+            *_ENDING_INDEXES,
+            *_totals_keys(ledger),
             *self._idempotency_key_of(job_id),
         ]
         args: list[str | int] = [
@@ -535,6 +642,7 @@ class Store:
             _ledger_json(ledger),
             self.settings.retention_s,
             request_id(),
+            _totals_json(ledger),
             *(hooks if state == "done" else ()),
         ]
         return self._write("finish", job_keys, args, job_id, expected_revision)
@@ -548,10 +656,12 @@ class Store:
         ledger: Mapping[str, Any] | None = None,
         expected_revision: int | None = None,
         delay_ms: int = 0,
+        progressed: bool = True,
     ) -> int:
         """Apply the gate's exit and give up the lease; answers the new revision. The next
         attempt (``queued``: after ``delay_ms``; ``spilled``: on the spill lane) goes into
-        the outbox in the same step.
+        the outbox in the same step. ``progressed``: whether the attempt delivered output
+        (a run of attempts that did not is kept, for pacing retries).
 
         A second spill of the same job is refused with
         :class:`~resumeq.errors.SpillExhausted`.
@@ -568,6 +678,8 @@ class Store:
             keys.ledger(job_id),
             keys.outbox(job_id),
             keys.OUTBOX,
+            *_ENDING_INDEXES,
+            *_totals_keys(ledger),
             *(self._idempotency_key_of(job_id) if to == "abandoned" else []),
         ]
         args: list[str | int] = [
@@ -580,6 +692,8 @@ class Store:
             request_id(),
             _non_negative(delay_ms, "delay_ms"),
             SPILL_QUEUE,
+            _totals_json(ledger),
+            "1" if progressed else "0",
         ]
         return self._write("release", job_keys, args, job_id, expected_revision)
 
@@ -587,7 +701,14 @@ class Store:
 
     def reap(self, job_id: str, *, janitor: str, ttl_ms: int) -> ReapResult:
         """Take over a running job whose lease is gone (``running`` → ``stalled``)."""
-        job_keys = [keys.job(job_id), keys.lease(job_id), keys.LEASES, keys.events(job_id)]
+        job_keys = [
+            keys.job(job_id),
+            keys.lease(job_id),
+            keys.LEASES,
+            keys.events(job_id),
+            keys.RUNNING,
+            keys.STALLED,
+        ]
         args: list[str | int] = [
             job_id,
             _check_owner(janitor),
@@ -736,7 +857,31 @@ def _ending_keys(job_id: str) -> list[str]:
         keys.ledger(job_id),
         keys.outbox(job_id),
         keys.OUTBOX,
+        *_ENDING_INDEXES,
+        keys.TOTALS,
     ]
+
+
+#: The indexes a script that ends a job (or an attempt) takes it out of or puts it in.
+_ENDING_INDEXES = (keys.RUNNING, keys.STALLED, keys.ENDED)
+
+
+def _totals_keys(entry: Mapping[str, Any] | None) -> list[str]:
+    """The running totals a ledger record adds to: all jobs', and its provider's."""
+    provider = (entry or {}).get("provider")
+    return [keys.TOTALS, keys.totals_of(provider) if provider else keys.TOTALS]
+
+
+def _totals_json(entry: Mapping[str, Any] | None) -> str:
+    """What a ledger record adds to the totals; a partial record (a tool's, a test's)
+    counts as an attempt and nothing more."""
+    if entry is None:
+        return ""
+    try:
+        deltas = AttemptRecord.model_validate(entry).totals()
+    except ValueError:
+        deltas = {"attempts": 1}
+    return json.dumps(deltas, separators=(",", ":"))
 
 
 def _idempotency_keys(key: str | None) -> list[str]:

@@ -28,17 +28,19 @@ from resumeq.errors import (
     CorruptRecord,
     FatalProviderError,
     InvalidTransition,
+    JobCancelled,
     JobNotFound,
     LeaseLost,
     ProviderError,
     ProviderUnavailable,
+    ResumeqError,
     RetryableProviderError,
     Stalled,
     StreamCut,
     WriteRefused,
 )
 from resumeq.exits import apply_decision
-from resumeq.gate import Cut, Decision, JobView, decide
+from resumeq.gate import Cut, Decision, JobView, decide, pacing
 from resumeq.heartbeat import Heartbeat
 from resumeq.ledger import AttemptRecord
 from resumeq.models import JobRecord, JobState, Lease
@@ -165,14 +167,17 @@ class AttemptRunner:
         call = _Call(record, profile, plan, client, splicer, ckpt)
         result, count = self._stream_and_count(call)
         if result.lost is not None:
-            raise (
+            lost = (
                 result.lost
                 if isinstance(result.lost, WriteRefused)
                 else LeaseLost(str(result.lost), job_id=record.id)
             )
+            self._record_stopped(call, result, started, lost)
+            raise lost
         for note in splicer.report.notes:
             log.info("job %s attempt %d: %s", record.id, record.attempt, note)
 
+        progressed = ckpt.flushed_tokens > 0 or ckpt.flushed_chars > 0
         view = JobView(
             budget_tokens=record.budget_tokens,
             floor_tokens=record.floor_tokens,
@@ -184,6 +189,12 @@ class AttemptRunner:
             require_exact_counts=record.spec.require_exact_counts,
             byte_exact=record.spec.byte_exact,
             exit=record.spec.exit,
+            **pacing(
+                record,
+                progressed=progressed,
+                window_s=self.worker.retry_window_s,
+                now_ms=_now_ms(),
+            ),
         )
         decision = decide(view, result.cut, jitter=random.random())
         entry = self._ledger(
@@ -207,15 +218,53 @@ class AttemptRunner:
             decision.action,
             decision.reason,
         )
-        return apply_decision(
-            self.store,
-            self.ctx.redis,
-            ckpt.lease,
-            record,
-            decision,
-            ledger=entry.to_json_dict(),
-            finish_reason=result.cut.finish_reason or "",
-        )
+        try:
+            return apply_decision(
+                self.store,
+                self.ctx.redis,
+                ckpt.lease,
+                record,
+                decision,
+                ledger=entry.to_json_dict(),
+                finish_reason=result.cut.finish_reason or "",
+                progressed=progressed,
+            )
+        except (WriteRefused, JobNotFound) as exc:
+            self._record_stopped(call, result, started, exc, count=count)
+            raise
+
+    def _record_stopped(
+        self,
+        call: _Call,
+        result: StreamResult,
+        started: int,
+        why: BaseException,
+        *,
+        count: Count | None = None,
+    ) -> None:
+        """The ledger record of an attempt stopped before its exit — a cancel, a lost
+        lease — with what it received: it reached the provider and was billed. Written at
+        most once per attempt; best effort (the job may be gone)."""
+        if count is None:
+            count = self._count(call, result, ask_tokenizer=False)
+        outcome = "cancelled" if isinstance(why, JobCancelled) else "fenced"
+        entry = self._ledger(
+            call.record,
+            started,
+            outcome=outcome,
+            cut=Cut(kind="stream_cut", detail=f"stopped: {why}"),
+            plan=call.plan,
+            usage=result.usage,
+            ckpt=call.ckpt,
+            count=count,
+            seam=call.splicer.report,
+        ).model_copy(update={"billed_lower_bound": True})
+        try:
+            self.store.append_ledger(
+                call.record.id, attempt=call.record.attempt, entry=entry.to_json_dict()
+            )
+        except ResumeqError as exc:
+            log.warning("job %s: the stopped attempt was not recorded: %s", call.record.id, exc)
 
     def _refusal(self, record: JobRecord) -> Decision | None:
         """An attempt that must not call the provider at all."""
@@ -247,39 +296,51 @@ class AttemptRunner:
             self.store, ckpt.lease, on_lost=on_lost, confirmed=lambda: ckpt.lease_confirmed
         ).start()
         count = Count(0, False, "estimate")
+        result = StreamResult(Cut(kind="stream_cut"))
         try:
-            result = self._stream(call, lost=lost, opened=opened)
+            self._stream(call, result, lost=lost, opened=opened)
             if not lost.is_set():
                 ckpt.add(splicer.finish(), splicer.take_tokens(), exact=ckpt.exact)
                 self._until_written(ckpt.flush)  # the text is durable before any counting
                 count = self._count(call, result)
                 self._until_written(lambda: ckpt.settle(count.tokens, exact=count.exact))
+        except (WriteRefused, JobNotFound) as exc:  # a checkpoint refused: stop at once
+            result.lost = exc
+            for stream in opened:
+                stream.close()
         finally:
             heartbeat.stop()
-        if lost.is_set():
+        if lost.is_set() and result.lost is None:
             result.lost = heartbeat.lost or LeaseLost("lease lost", job_id=ckpt.lease.job_id)
         return result, count
 
     def _stream(
-        self, call: _Call, *, lost: threading.Event, opened: list[ProviderStream]
-    ) -> StreamResult:
-        unopened = Tally(opened=False)  # refused before a stream: nothing was bought
+        self,
+        call: _Call,
+        result: StreamResult,
+        *,
+        lost: threading.Event,
+        opened: list[ProviderStream],
+    ) -> None:
+        """Fill ``result`` with what the stream delivers and how it ended."""
         try:
             stream = call.client.open(call.plan)
         except RetryableProviderError as exc:
-            cut = Cut(kind="retryable", retry_after_s=exc.retry_after, detail=str(exc))
-            return StreamResult(cut, tally=unopened)
+            result.cut = Cut(kind="retryable", retry_after_s=exc.retry_after, detail=str(exc))
+            result.tally.opened = False  # refused before a stream: nothing was bought
+            return
         except FatalProviderError as exc:
-            return StreamResult(Cut(kind="fatal", detail=str(exc)), tally=unopened)
+            result.cut = Cut(kind="fatal", detail=str(exc))
+            result.tally.opened = False
+            return
         opened.append(stream)
-        result = StreamResult(Cut(kind="stream_cut"))
         with stream:
             if lost.is_set():
-                return result
+                return
             try:
                 for event in stream:
                     if lost.is_set():
-                        return result
+                        return
                     self._take(event, result, call.splicer, call.ckpt)
             except StreamCut as exc:
                 kind = "stall" if isinstance(exc, Stalled) else "stream_cut"
@@ -288,10 +349,9 @@ class AttemptRunner:
                     detail=f"{exc.kind}: {exc}",
                     in_non_text_block=getattr(stream, "in_non_text_block", False),
                 )
-                return result
+                return
         result.usage = stream.usage
         result.cut = Cut(kind="finished", finish_reason=stream.finish_reason)
-        return result
 
     @staticmethod
     def _take(
@@ -325,7 +385,7 @@ class AttemptRunner:
 
     # -- counting and the last flush -----------------------------------------------------
 
-    def _count(self, call: _Call, result: StreamResult) -> Count:
+    def _count(self, call: _Call, result: StreamResult, *, ask_tokenizer: bool = True) -> Count:
         """This attempt's output tokens (:mod:`resumeq.counting`), asking the counting
         endpoint where the profile says and nothing better is known."""
         record, profile, ckpt = call.record, call.profile, call.ckpt
@@ -350,11 +410,8 @@ class AttemptRunner:
 
         count = counted()
         reasoning = "".join(result.reasoning)
-        if (
-            count.source == "estimate"
-            and profile.counts_with_tokenizer
-            and (generated or reasoning)
-        ):
+        ask = ask_tokenizer and profile.counts_with_tokenizer and bool(generated or reasoning)
+        if count.source == "estimate" and ask:
             try:
                 timeout = self._count_timeout(ckpt, profile)
                 model = record.spec.model

@@ -19,12 +19,13 @@ from resumeq.testing import RedisServer, free_port
 RESUMEQ = [sys.executable, "-m", "resumeq"]
 
 
-def run(*args: str, url: str) -> subprocess.CompletedProcess[str]:
+def run(*args: str, url: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "RESUMEQ_REDIS_URL": url}
     env.pop("RESUMEQ_CONFIG", None)
     return subprocess.run(
-        [*RESUMEQ, *args], capture_output=True, text=True, env=env, timeout=30, check=False
-    )
+        [*RESUMEQ, *args], input=input, capture_output=True, text=True, env=env, timeout=30,
+        check=False,
+    )  # fmt: skip
 
 
 def test_status_json(redis_server: RedisServer, real_store: Store) -> None:
@@ -49,7 +50,7 @@ def test_cancel(redis_server: RedisServer, real_store: Store) -> None:
     out = run("cancel", job_id, "--json", url=redis_server.url)
     assert out.returncode == 0 and json.loads(out.stdout)["state"] == "cancelled"
     again = run("cancel", job_id, url=redis_server.url)
-    assert again.returncode != 0 and "is cancelled" in again.stderr
+    assert again.returncode == 0 and "had already ended (cancelled" in again.stdout
 
 
 @pytest.mark.parametrize(
@@ -187,6 +188,16 @@ def test_enqueue_errors_are_one_line(
     assert out.returncode != 0 and message in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
     assert list(redis_client.scan_iter("*")) == []
+
+
+def test_enqueue_with_a_small_budget_and_no_floor(redis_server: RedisServer) -> None:
+    out = run(
+        "enqueue", "--provider", "local", "--model", "m", "--budget", "10", "--prompt", "x",
+        "--json", url=redis_server.url,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    status = run("status", json.loads(out.stdout)["id"], "--json", url=redis_server.url)
+    assert json.loads(status.stdout)["floor_tokens"] == 5
 
 
 def test_unknown_profile_is_refused_when_profiles_are_configured(

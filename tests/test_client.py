@@ -102,8 +102,12 @@ def test_wait_and_cancel(client: Client) -> None:
     job_id = client.enqueue(SPEC)
     with pytest.raises(TimeoutError):
         client.wait(job_id, timeout=0.2)
-    threading.Timer(0.2, client.cancel, args=(job_id,)).start()
-    job = client.wait(job_id, timeout=5)
+    timer = threading.Timer(0.2, client.cancel, args=(job_id,))
+    timer.start()
+    try:
+        job = client.wait(job_id, timeout=5)
+    finally:
+        timer.join(5)  # cancel goes on to read the job: done before the connection closes
     assert job.state is JobState.CANCELLED and job.ended
 
 
@@ -116,6 +120,10 @@ def test_wait_returns_at_a_spill(client: Client) -> None:
 
 def test_a_job_that_expires_ends_the_follow(client: Client) -> None:
     job_id = client.enqueue(SPEC)
-    threading.Timer(0.2, client.redis.delete, args=(keys.job(job_id),)).start()
-    with pytest.raises(JobNotFound):
-        list(client.follow(job_id, timeout=5))
+    timer = threading.Timer(0.2, client.redis.delete, args=(keys.job(job_id),))
+    timer.start()
+    try:
+        with pytest.raises(JobNotFound):
+            list(client.follow(job_id, timeout=5))
+    finally:
+        timer.join(5)

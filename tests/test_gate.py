@@ -59,7 +59,21 @@ EXIT_ABANDON = ExitPolicy(droppable=True)
             "abandon",
             "on_cut",
         ),
-        (job(prefix_chars=0, spent_output_tokens=0, attempts=5), CUT, "spill", "exhausted"),
+        (
+            job(prefix_chars=0, spent_output_tokens=0, progressed=False, failing_for_s=301),
+            CUT,
+            "spill",
+            "no output for 301 s",
+        ),
+        # Attempts that deliver nothing are paced by time, not counted out.
+        (
+            job(prefix_chars=0, spent_output_tokens=0, attempts=9, progressed=False),
+            Cut(kind="retryable"),
+            "retry",
+            "before any output",
+        ),
+        (job(attempts=9, progressed=False, failing_for_s=10), CUT, "resume", ""),
+        (job(attempts=9, progressed=False, failing_for_s=300), CUT, "spill", "no output"),
         (job(), Cut(kind="stream_cut", in_non_text_block=True), "spill", "tool-use"),
     ],
 )
@@ -77,7 +91,8 @@ def test_resume_asks_only_for_the_rest() -> None:
 def test_retry_after_is_honoured_and_backoff_otherwise() -> None:
     empty = job(prefix_chars=0, spent_output_tokens=0)
     assert decide(empty, Cut(kind="retryable", retry_after_s=2.0)).delay_s == 2.0
-    assert decide(empty, Cut(kind="retryable"), jitter=0.0).delay_s == backoff_s(1, 0.0)
+    failing = empty.model_copy(update={"progressed": False, "failures": 2})
+    assert decide(failing, Cut(kind="retryable"), jitter=0.0).delay_s == backoff_s(3, 0.0)
     assert decide(job(), Cut(kind="worker_died")).delay_s == 0.0
 
 
@@ -96,6 +111,10 @@ views = st.builds(
     prefix_chars=st.integers(0, 3) | st.integers(0, 50_000),
     attempts=st.integers(0, 8),
     spill_count=st.integers(0, 2),
+    progressed=st.booleans(),
+    failures=st.integers(0, 12),
+    failing_for_s=st.floats(0, 1_000),
+    retry_window_s=st.sampled_from([30.0, 300.0]),
     counts_exact=st.booleans(),
     require_exact_counts=st.booleans(),
     byte_exact=st.booleans(),
@@ -134,9 +153,15 @@ def test_properties(view: JobView, cut: Cut, jitter: float) -> None:
         assert view.prefix_chars > 0 and remaining >= view.floor_tokens
         assert view.exit.on_cut == "resume" and not view.byte_exact
         assert view.counts_exact or not view.require_exact_counts
-        assert view.attempts < view.exit.max_attempts and not cut.in_non_text_block
+        assert not cut.in_non_text_block
     if d.action in ("resume", "retry"):
         assert d.max_tokens == remaining > 0 and 0 <= d.delay_s <= 600
+        # Counted out only when making progress; timed out only when not.
+        assert not view.progressed or view.attempts < view.exit.max_attempts
+        assert view.progressed or view.failing_for_s < view.retry_window_s
+        # Progress continues at once; only failures back off.
+        if view.progressed and cut.retry_after_s is None:
+            assert d.delay_s == 0.0
     if cut.kind in ("fatal", "conflict"):
         assert d.action == "failed"
     if d.action == "done":
@@ -144,9 +169,13 @@ def test_properties(view: JobView, cut: Cut, jitter: float) -> None:
     assert d.reason
 
 
-def test_the_first_cut_of_a_flowing_stream_resumes_at_once() -> None:
-    assert decide(job(attempts=1), CUT).delay_s == 0.0
-    assert decide(job(attempts=1), Cut(kind="stall")).delay_s == 0.0
-    assert decide(job(attempts=2), CUT, jitter=0.0).delay_s == backoff_s(2, 0.0) > 0
-    empty = job(prefix_chars=0, spent_output_tokens=0)
+def test_a_cut_after_progress_resumes_at_once_every_time() -> None:
+    """Before: five attempts 3 s apart, then a spill, during a 20-second outage."""
+    for attempts in (1, 2, 4):
+        assert decide(job(attempts=attempts), CUT).delay_s == 0.0
+        assert decide(job(attempts=attempts), Cut(kind="stall")).delay_s == 0.0
+    stuck = job(attempts=4, progressed=False, failures=3, failing_for_s=20)
+    assert decide(stuck, CUT, jitter=0.0).delay_s == backoff_s(4, 0.0) > 0
+    assert decide(stuck, CUT).action == "resume"  # 20 s is inside the window
+    empty = job(prefix_chars=0, spent_output_tokens=0, progressed=False)
     assert decide(empty, CUT, jitter=0.0).delay_s == backoff_s(1, 0.0) > 0

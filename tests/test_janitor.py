@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -155,3 +158,58 @@ def test_an_attempt_started_by_a_horse_that_died_before_its_lease_is_enqueued_ag
     rq_job.save()
     assert janitor.sweep().requeued == [job_id]
     assert queue.get_job_ids() == [attempt_rq_id(job_id, 1)]
+
+
+def test_a_dead_attempts_characters_are_counted_from_its_text(janitor: Janitor) -> None:
+    store = janitor.store
+    job_id = store.create(SPEC).id
+    got = store.acquire(job_id, worker="w1", ttl_ms=5000)
+    store.flush(got.lease, expected_revision=1, delta="héllo ", tokens=2)
+    store.release(got.lease, to="queued", reason="disconnected")
+    got = store.acquire(job_id, worker="dead-worker-2", ttl_ms=100)
+    store.flush(got.lease, expected_revision=got.record.revision, delta="wörld ✓", tokens=3)
+    time.sleep(0.25)
+    assert janitor.sweep().reaped == [job_id]
+    (entry,) = store.ledger(job_id)  # the first release wrote no record
+    assert entry["kind"] == "resume" and entry["attempt"] == 2
+    assert (entry["chars_persisted"], entry["bytes_persisted"]) == (7, len("wörld ✓".encode()))
+
+
+class Waits(threading.Event):
+    """A stop event that records each pause instead of sleeping, and runs ``then`` after
+    pause n (1-based); it stops the loop after ``stop_after`` pauses."""
+
+    def __init__(self, stop_after: int, then: dict[int, Callable[[], None]]) -> None:
+        super().__init__()
+        self.pauses: list[float] = []
+        self.stop_after, self.then = stop_after, then
+
+    def wait(self, timeout: float | None = None) -> bool:
+        assert timeout is not None
+        self.pauses.append(timeout)
+        self.then.get(len(self.pauses), lambda: None)()
+        if len(self.pauses) >= self.stop_after:
+            self.set()
+        return self.is_set()
+
+
+def test_with_redis_down_each_sweep_logs_one_line_and_the_pause_doubles_to_a_cap(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = RedisServer()  # stopped for most of the test, started once
+    settings = Settings(redis_url=server.url)
+    sweeper = Janitor(build_context(settings))
+    waits = Waits(7, {3: server.start, 4: server.stop})
+    try:
+        with caplog.at_level(logging.INFO, logger="resumeq.janitor"):
+            sweeper.run(interval_s=0.5, stop=waits, max_backoff_s=3.0)
+    finally:
+        server.close()
+    # Three failed sweeps (1, 2, 3 s: doubling), one after Redis came back (the interval
+    # again), then failures from the first pause again, capped.
+    assert waits.pauses == [1.0, 2.0, 3.0, 0.5, 1.0, 2.0, 3.0]
+    failures = [r for r in caplog.records if "sweep failed" in r.getMessage()]
+    assert len(failures) == 6 and all(r.exc_info is None for r in failures)
+    assert all("Redis unreachable" in r.getMessage() for r in failures)
+    assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert any("Redis answers again" in r.getMessage() for r in caplog.records)

@@ -102,3 +102,24 @@ def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
         load_settings(config_path=tmp_path / "missing.toml")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_settings(config_path=write(tmp_path, "[worker\n"))
+
+
+def test_every_problem_in_a_config_file_is_reported(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[providers.x]\nkind = "grpc"\nbase_url = "ftp://h"\n'
+        "[worker]\nflush_tokens = 0\n[janitor]\ninterval_s = -1\n",
+    )
+    with pytest.raises(ConfigError) as info:
+        load_settings(config_path=path)
+    lines = str(info.value).splitlines()
+    wheres = [
+        "providers.x.kind",
+        "providers.x.base_url",
+        "worker.flush_tokens",
+        "janitor.interval_s",
+    ]
+    assert len(lines) == len(wheres), lines
+    for line, where in zip(lines, wheres, strict=True):
+        assert line.startswith(f"config file {path}: {where}: "), line
+    assert "more" not in str(info.value)

@@ -132,6 +132,48 @@ def test_defaults() -> None:
     assert not s.require_exact_counts and not s.byte_exact and s.exit.max_attempts == 5
 
 
+@pytest.mark.parametrize(
+    ("budget", "floor"), [(1, 1), (2, 1), (3, 1), (10, 5), (63, 31), (64, 32), (500, 32)]
+)
+def test_the_default_floor_follows_a_small_budget(budget: int, floor: int) -> None:
+    s = parse_spec(valid(budget_tokens=budget))
+    assert s.floor_tokens == floor
+    assert parse_spec(s).floor_tokens == floor  # and survives being validated again
+    assert JobSpec.model_validate_json(s.to_json()).floor_tokens == floor
+
+
+def test_a_job_with_a_budget_of_one_is_stored_and_read_back(real_store: Store) -> None:
+    job_id = real_store.create(valid(budget_tokens=1)).id
+    record = real_store.get(job_id)
+    assert (record.budget_tokens, record.floor_tokens, record.spec.floor_tokens) == (1, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("budget", "floor", "message"),
+    [
+        (10, 10, "floor_tokens: must be less than budget_tokens (10), got 10"),
+        (10, 32, "floor_tokens: must be less than budget_tokens (10), got 32"),
+        (1, 2, "floor_tokens: must be 1 when budget_tokens is 1, got 2"),
+    ],
+)
+def test_an_explicit_floor_too_high_is_refused(budget: int, floor: int, message: str) -> None:
+    with pytest.raises(InvalidSpec) as info:
+        parse_spec(valid(budget_tokens=budget, floor_tokens=floor))
+    assert info.value.fields == ("floor_tokens",) and str(info.value).endswith(message)
+
+
+def test_an_explicit_floor_of_one_fits_any_budget() -> None:
+    assert parse_spec(valid(budget_tokens=1, floor_tokens=1)).floor_tokens == 1
+    assert parse_spec(valid(budget_tokens=2, floor_tokens=1)).floor_tokens == 1
+
+
+@pytest.mark.parametrize("budget", [0, -5, 1001, "lots", DROP])
+def test_a_bad_budget_is_the_only_error_when_no_floor_was_given(budget: object) -> None:
+    with pytest.raises(InvalidSpec) as info:
+        parse_spec(valid(budget_tokens=budget), limits=SMALL)
+    assert info.value.fields == ("budget_tokens",), info.value
+
+
 # -- prompt hash -------------------------------------------------------------------------
 
 

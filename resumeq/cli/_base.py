@@ -12,9 +12,9 @@ from typing import Any, ParamSpec, TypeVar
 
 import click
 
-from resumeq.errors import JobNotFound, ResumeqError
+from resumeq.errors import ConfigError, JobNotFound, ResumeqError
 from resumeq.settings import Settings, load_settings
-from resumeq.store import Store
+from resumeq.store import Store, redis_errors
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -49,19 +49,27 @@ class Context:
 
 
 def _fail(message: str, code: int = EXIT_ERROR) -> None:
-    click.echo(f"resumeq: {message}", err=True)
+    for line in message.splitlines() or [message]:
+        click.echo(f"resumeq: {line}", err=True)
     sys.exit(code)
 
 
 def reports_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Turn resumeq's errors into one line on stderr and a non-zero exit."""
+    """Turn resumeq's errors into one line on stderr and a non-zero exit: a Redis that
+    cannot be reached or refuses the login too (redis-py's errors, where a command talks
+    to Redis outside the store, are translated here as the store translates its own). A
+    config file's problems are one line each."""
+    op = fn.__name__.strip("_").replace("_", " ")
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return fn(*args, **kwargs)
+            with redis_errors(op):
+                return fn(*args, **kwargs)
         except JobNotFound as exc:
             _fail(str(exc), EXIT_NOT_FOUND)
+        except ConfigError as exc:
+            _fail(str(exc) or type(exc).__name__)
         except (ResumeqError, ValueError) as exc:
             _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         raise AssertionError("unreachable")

@@ -12,8 +12,80 @@ import click
 from resumeq import ops
 from resumeq.cli._base import EXIT_ERROR, Context, _emit, cli, reports_errors
 from resumeq.client import Client
+from resumeq.errors import InvalidTransition
+from resumeq.models import JobState
 from resumeq.producer import enqueue_job
 from resumeq.store import DEFAULT_QUEUE
+
+#: States whose ``reason`` says why the job is in them; a running job's, or an ended
+#: one's that finished or failed, is left over from an earlier state.
+_REASON_STATES = ("queued", "spilled", "abandoned", "cancelled", "dropped")
+
+
+def _row(key: str, value: object) -> str:
+    return f"{key:>12}: {value}"
+
+
+def _attempt_line(a: dict[str, Any]) -> str:
+    """One ledger record, with only the counts that are known: what the provider counted
+    (None: it did not say), what was persisted, and its characters unless a record
+    written without them shows 0 beside its bytes."""
+    cut = a.get("cut")
+    head = f"#{a['attempt']} {a['kind']} {a['outcome']}" + (
+        f" ({cut})" if cut and cut != "finished" else ""
+    )
+    counted = []
+    if a.get("input_tokens") is not None:
+        cached = a.get("cached_input_tokens")
+        counted.append(f"in {a['input_tokens']}" + (f" ({cached} cached)" if cached else ""))
+    if a.get("output_tokens") is not None:
+        counted.append(f"out {a['output_tokens']}")
+    if a.get("reasoning_tokens") is not None:
+        counted.append(f"reasoning {a['reasoning_tokens']}")
+    parts = [f"provider counted {', '.join(counted)}"] if counted else []
+    if a.get("billed_lower_bound"):
+        parts.append("billed at least that")
+    persisted = f"persisted {a.get('output_tokens_persisted', 0)} tokens"
+    if not a.get("counts_exact"):
+        persisted += " (estimate)"
+    size = a.get("bytes_persisted", 0)
+    if size:
+        chars = a.get("chars_persisted", 0)
+        persisted += f", {chars} chars" if chars else ", chars unknown"
+        persisted += f", {size} bytes"
+    parts.append(persisted)
+    return f"{head}: {'; '.join(parts)}"
+
+
+def _status_lines(info: dict[str, Any]) -> list[str]:
+    """The human view of ``status --json``: the same facts, an unknown one left out."""
+    lines = [_row("id", info["id"]), _row("state", info["state"])]
+    if info["state"] in _REASON_STATES and info["reason"]:
+        lines.append(_row("reason", info["reason"]))
+    if info["finish_reason"]:
+        lines.append(_row("finish", info["finish_reason"]))
+    if info["error"]:
+        lines.append(_row("error", info["error"]))
+    lease = info.get("lease")
+    if lease:
+        n = lease["attempt"]
+        ms = lease["expires_in_ms"]
+        lines.append(
+            _row(
+                "lease",
+                f"held by {lease['holder']}"
+                + (f" (attempt {n})" if n is not None else "")
+                + (f", expires in {ms / 1000:.1f} s" if ms else ", expired: a janitor reaps it"),
+            )
+        )
+    for key in ("provider", "model", "queue", "revision", "attempt"):
+        lines.append(_row(key, info[key]))
+    exact = "exact" if info["counts_exact"] else "estimated"
+    cursor = f"{info['spent_output_tokens']}/{info['budget_tokens']} ({exact})"
+    lines.append(_row("cursor", f"{cursor}, floor {info['floor_tokens']}"))
+    lines.extend(_row("attempt", _attempt_line(a)) for a in info["attempts"])
+    lines.append(_row("text", f"{len(info['text'])} characters"))
+    return lines
 
 
 @cli.command()
@@ -22,24 +94,13 @@ from resumeq.store import DEFAULT_QUEUE
 @click.pass_obj
 @reports_errors
 def status(obj: Context, job_id: str, as_json: bool) -> None:
-    """Show a job: its state, cursor, revision, text and ledger."""
+    """Show a job: its state, cursor, revision, lease, text and ledger."""
     info = ops.status_dict(obj.store, job_id)
     if as_json:
         _emit(info)
         return
-    for key in ("id", "state", "reason", "provider", "model", "queue", "revision", "attempt"):
-        click.echo(f"{key:>12}: {info[key]}")
-    exact = "exact" if info["counts_exact"] else "estimated"
-    click.echo(f"{'cursor':>12}: {info['spent_output_tokens']}/{info['budget_tokens']} ({exact})")
-    if info["finish_reason"] or info["error"]:
-        click.echo(f"{'finish':>12}: {info['finish_reason'] or ''} {info['error'] or ''}".rstrip())
-    for a in info["attempts"]:
-        click.echo(
-            f"{'attempt':>12}: #{a['attempt']} {a['kind']:<6} {a['outcome']:<9} "
-            f"out {a.get('output_tokens')}/{a['output_tokens_persisted']} "
-            f"in {a.get('input_tokens')} ({a.get('cut')})"
-        )
-    click.echo(f"{'text':>12}: {len(info['text'])} characters")
+    for line in _status_lines(info):
+        click.echo(line)
     click.echo(info["text"])
 
 
@@ -128,27 +189,23 @@ def tail(obj: Context, job_id: str, after: int) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--provider", default=None, help="Only this provider profile's totals.")
 @click.pass_obj
 @reports_errors
-def stats(obj: Context, as_json: bool) -> None:
-    """Counts by state and token totals over every job in Redis."""
-    info = ops.stats(obj.store)
+def stats(obj: Context, as_json: bool, provider: str | None) -> None:
+    """Jobs by state (now, and ended since the totals began) and token totals."""
+    info = ops.stats(obj.store, provider)
     if as_json:
         _emit(info)
         return
-    click.echo(f"jobs: {info['jobs']}")
+    click.echo(f"jobs: {info['jobs']}" + (f" (provider {provider})" if provider else ""))
     for state, n in info["states"].items():
         if n:
             click.echo(f"  {state:<10} {n}")
-    for key in (
-        "attempts",
-        "output_tokens_billed",
-        "output_tokens_persisted",
-        "naive_output_tokens_billed",
-        "input_tokens_billed",
-        "cached_input_tokens",
-    ):
+    for key in (*ops.TOTAL_FIELDS, "attempts_in_flight"):
         click.echo(f"{key}: {info[key]}")
+    if not info["counts_complete"]:
+        click.echo("counts incomplete: attempts in flight, or a bill known only as a lower bound")
 
 
 @cli.command()
@@ -158,10 +215,25 @@ def stats(obj: Context, as_json: bool) -> None:
 @click.pass_obj
 @reports_errors
 def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
-    """Cancel a job that has not ended; its worker stops streaming at its next flush."""
-    revision = obj.store.cancel(job_id, reason=reason)
+    """Cancel a job that has not ended; its worker stops streaming at its next flush.
+
+    A job that had already ended is left as it was, and said so (``already_ended`` in the
+    JSON, which is the job's status either way); the exit code is 0 both ways."""
+    try:
+        revision = obj.store.cancel(job_id, reason=reason)
+        already_ended = False
+    except InvalidTransition as exc:
+        if not JobState(exc.state).terminal:
+            raise
+        already_ended = True
+    info = ops.status_dict(obj.store, job_id)
     if as_json:
-        _emit({"id": job_id, "state": "cancelled", "revision": revision})
+        _emit({**info, "already_ended": already_ended})
+    elif already_ended:
+        click.echo(
+            f"{job_id} had already ended ({info['state']}, revision {info['revision']}): "
+            "nothing to cancel"
+        )
     else:
         click.echo(f"cancelled {job_id} (revision {revision})")
 
@@ -178,3 +250,29 @@ def purge(obj: Context, job_id: str, as_json: bool) -> None:
         _emit({"id": job_id, "purged": True, "keys_removed": removed})
     else:
         click.echo(f"purged {job_id} ({removed} keys)")
+
+
+@cli.command("jobs")
+@click.option(
+    "--state",
+    type=click.Choice(ops.LIVE_STATES),
+    required=True,
+    help="A state that is not terminal (each has an index).",
+)
+@click.option("--queue", default=None, help="Only this queue's jobs.")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_obj
+@reports_errors
+def jobs_command(obj: Context, state: str, queue: str | None, limit: int, as_json: bool) -> None:
+    """Jobs in a state, longest there first, from the state's index (never a scan)."""
+    found = ops.list_jobs(obj.store, state, queue=queue, limit=limit)
+    if as_json:
+        _emit({"state": state, "queue": queue, "jobs": found})
+        return
+    for j in found:
+        click.echo(
+            f"{j['id']}  {j['queue']}  {j['provider']}  attempt {j['attempt']}  "
+            f"{j['spent_output_tokens']}/{j['budget_tokens']}  {j['reason'] or ''}".rstrip()
+        )
+    click.echo(f"{len(found)} {state}")

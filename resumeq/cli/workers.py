@@ -12,7 +12,7 @@ import click
 from resumeq.cli._base import Context, _emit, cli, reports_errors
 from resumeq.context import build_context
 from resumeq.janitor import Janitor
-from resumeq.rq_worker import run_worker
+from resumeq.rq_worker import missing_api_keys, run_worker
 
 
 @cli.command()
@@ -21,7 +21,16 @@ from resumeq.rq_worker import run_worker
 @click.pass_obj
 @reports_errors
 def worker(obj: Context, queues: tuple[str, ...], burst: bool) -> None:
-    """Run an RQ worker (with the scheduler) on resumeq's queues."""
+    """Run an RQ worker (with the scheduler) on resumeq's queues.
+
+    A profile whose ``api_key_env`` variable is not set is a warning line, not a refusal
+    to start: this worker may serve only some profiles."""
+    for profile, variable in missing_api_keys(obj.settings):
+        click.echo(
+            f"resumeq: warning: profile {profile!r} reads its API key from {variable}, "
+            "which is unset or empty here: its jobs will fail (401) on this worker",
+            err=True,
+        )
     sys.exit(run_worker(obj.settings, queues, burst=burst))
 
 

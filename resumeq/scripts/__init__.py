@@ -32,6 +32,8 @@ NAMES = (
     "hook_claim",
     "hook_renew",
     "hook_done",
+    "ledger_append",
+    "trim_events",
 )
 
 

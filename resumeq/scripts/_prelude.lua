@@ -124,6 +124,34 @@ local function stamp(job, rid)
   end
 end
 
+-- One ledger record per attempt (whoever writes it: the worker at its exit, a janitor for a
+-- dead attempt, a worker stopped by a cancel), and the running totals it adds to.
+local function record_attempt(job, ledger, attempt, entry)
+  if entry == '' or redis.call('HSETNX', job, 'ledger:' .. attempt, '1') == 0 then
+    return false
+  end
+  redis.call('RPUSH', ledger, entry)
+  return true
+end
+
+local function add_totals(totals, by_provider, deltas)
+  if deltas == '' then
+    return
+  end
+  for field, n in pairs(cjson.decode(deltas)) do
+    redis.call('HINCRBY', totals, field, n)
+    if by_provider and by_provider ~= totals then
+      redis.call('HINCRBY', by_provider, field, n)
+    end
+  end
+end
+
+-- A job reached a terminal state: counted, and indexed until its events are trimmed.
+local function ended(totals, ended_index, id, state, now)
+  redis.call('HINCRBY', totals, 'jobs:' .. state, 1)
+  redis.call('ZADD', ended_index, fmt(now), id)
+end
+
 -- The outbox: what must follow a commit, written by the script that commits and completed
 -- (idempotently) by the committer, or by a janitor if it died. A job's entries live in its
 -- outbox hash; the global zset says which jobs have some, since when.

@@ -3,12 +3,13 @@
 -- attempt has evidently been done: it is removed.
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] queued zset
 -- KEYS[5] events stream   KEYS[6] text   KEYS[7] outbox hash   KEYS[8] outbox zset
+-- KEYS[9] running zset
 -- ARGV[1] worker id   ARGV[2] nonce (also the request id)   ARGV[3] lease TTL (ms)
 -- ARGV[4] prompt hash the caller will generate for ('' to skip the check)
 -- Answers: {'ok', token, deadline, <job hash as field, value, ...>} | {'not_found'}
 --   | {'wrong_state', state} | {'busy'} | {'conflict', stored hash} | {'corrupt', field}
 local job, lease, leases, queued = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local events, text, outbox, pending = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local events, text, outbox, pending, running = KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local ttl = tonumber(ARGV[3])
 
 local function answer(token, deadline)
@@ -50,6 +51,7 @@ local rev = bump(job, now)
 local deadline = fmt(now + ttl)
 redis.call('ZADD', leases, deadline, id)
 redis.call('ZREM', queued, id)
+redis.call('ZADD', running, fmt(now), id)
 local entry = redis.call('HGET', outbox, 'attempt')
 if entry and tonumber(string.match(entry, '^[^|]*|(%d+)|')) <= attempt then
   redis.call('HDEL', outbox, 'attempt')

@@ -3,11 +3,13 @@
 -- cleared.
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] queued zset
 -- KEYS[5] spilled zset   KEYS[6] events stream   KEYS[7] text   KEYS[8] ledger list
--- KEYS[9] outbox hash   KEYS[10] outbox zset   KEYS[11] idempotency key (optional)
+-- KEYS[9] outbox hash   KEYS[10] outbox zset   KEYS[11] running zset   KEYS[12] stalled zset
+-- KEYS[13] ended zset   KEYS[14] totals   KEYS[15] idempotency key (optional)
 -- ARGV[1] reason   ARGV[2] retention (s)   ARGV[3] request id
 -- Answers: {'ok', revision} | {'not_found'} | {'wrong_state', state} | {'corrupt', field}
 local job, lease, leases, queued, spilled = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local events, text, ledger, outbox, pending, idem = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11]
+local events, text, ledger, outbox, pending = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local running, stalled, ended_index, totals, idem = KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 
 if replayed(job, ARGV[3]) then
   return { 'ok', redis.call('HGET', job, 'revision') }
@@ -25,6 +27,9 @@ redis.call('DEL', lease)
 redis.call('ZREM', leases, id)
 redis.call('ZREM', queued, id)
 redis.call('ZREM', spilled, id)
+redis.call('ZREM', running, id)
+redis.call('ZREM', stalled, id)
+ended(totals, ended_index, id, 'cancelled', now)
 outbox_clear(outbox, pending, id)
 event(events, rev, 'state', 'cancelled', 'reason', ARGV[1])
 retire(ARGV[2], job, text, events, ledger)

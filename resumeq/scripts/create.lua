@@ -1,12 +1,12 @@
 -- create: write a job record before the first call (state queued, cursor 0, revision 0),
 -- with its first attempt in the outbox.
 -- KEYS[1] job hash   KEYS[2] queued zset   KEYS[3] outbox hash   KEYS[4] outbox zset
--- KEYS[5] idempotency key (optional)
+-- KEYS[5] totals hash   KEYS[6] idempotency key (optional)
 -- ARGV[1] job id   ARGV[2] spec JSON   ARGV[3] prompt hash   ARGV[4] budget tokens
 -- ARGV[5] floor tokens   ARGV[6] queue name   ARGV[7] idempotency key as given
 -- ARGV[8] request id
 -- Answers: {'created', id} | {'exists', id} | {'idempotency_conflict', id} | {'id_taken', id}
-local job, queued, outbox, pending, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local job, queued, outbox, pending, totals, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, hash, queue = ARGV[1], ARGV[3], ARGV[6]
 
 if replayed(job, ARGV[8]) then
@@ -36,6 +36,7 @@ redis.call('HSET', job,
   'created_ms', fmt(now), 'updated_ms', fmt(now))
 stamp(job, ARGV[8])
 redis.call('ZADD', queued, fmt(now), id)
+redis.call('HINCRBY', totals, 'jobs:created', 1)
 outbox_add(outbox, pending, id, 'attempt', queue .. '|1|' .. fmt(now), now)
 if idem then
   -- No TTL while the job lives: the key expires with the job (see retire_idempotency).

@@ -3,15 +3,18 @@
 -- outbox, in the same step: they run even if the owner dies right after.
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] events stream
 -- KEYS[5] text   KEYS[6] ledger list   KEYS[7] outbox hash   KEYS[8] outbox zset
--- KEYS[9] idempotency key (optional)
+-- KEYS[9] running zset   KEYS[10] stalled zset   KEYS[11] ended zset   KEYS[12] totals
+-- KEYS[13] the provider's totals   KEYS[14] idempotency key (optional)
 -- ARGV[1] fencing token   ARGV[2] expected revision ('' for any)   ARGV[3] 'done' | 'failed'
 -- ARGV[4] finish reason   ARGV[5] error   ARGV[6] ledger record JSON ('' for none)
--- ARGV[7] retention (s)   ARGV[8] request id   ARGV[9..] the job's hooks (their names)
+-- ARGV[7] retention (s)   ARGV[8] request id   ARGV[9] the ledger record's totals (JSON)
+-- ARGV[10..] the job's hooks (their names)
 -- Answers: {'ok', revision} | {'not_found'} | {'cancelled'} | {'lease_lost', state}
 --   | {'wrong_state', state} | {'stale_revision', current} | {'bad_argument', what}
 --   | {'corrupt', field}
 local job, lease, leases, events, text, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local outbox, pending, idem = KEYS[7], KEYS[8], KEYS[9]
+local outbox, pending, running, stalled = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local ended_index, totals, by_provider, idem = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 local to_state = ARGV[3]
 
 if to_state ~= 'done' and to_state ~= 'failed' then
@@ -30,19 +33,26 @@ local now = now_ms()
 local id = redis.call('HGET', job, 'id')
 redis.call('HSET', job, 'state', to_state, 'finish_reason', ARGV[4], 'error', ARGV[5],
   'finished_ms', fmt(now))
+if to_state == 'done' then
+  redis.call('HDEL', job, 'failing_since_ms')
+  redis.call('HSET', job, 'failures', '0')
+end
 stamp(job, ARGV[8])
 local rev = bump(job, now)
 redis.call('DEL', lease)
 redis.call('ZREM', leases, id)
-if ARGV[6] ~= '' then
-  redis.call('RPUSH', ledger, ARGV[6])
+redis.call('ZREM', running, id)
+redis.call('ZREM', stalled, id)
+if record_attempt(job, ledger, redis.call('HGET', job, 'attempt'), ARGV[6]) then
+  add_totals(totals, by_provider, ARGV[9])
 end
+ended(totals, ended_index, id, to_state, now)
 redis.call('HDEL', outbox, 'attempt')
-if to_state == 'done' and #ARGV >= 9 then
+if to_state == 'done' and #ARGV >= 10 then
   -- One entry per hook, kept until the hook has run (hook_done): a run whose worker died
   -- is enqueued again. The value is the queue and how often it was enqueued again.
   local queue = redis.call('HGET', job, 'queue')
-  for i = 9, #ARGV do
+  for i = 10, #ARGV do
     outbox_add(outbox, pending, id, 'hook:' .. ARGV[i], queue .. '|0', now)
   end
 elseif redis.call('HLEN', outbox) == 0 then

@@ -2,11 +2,12 @@
 -- a lease of its own, so that it can apply the gate through release/finish like a worker.
 -- A stalled job whose janitor died in turn is reaped again. Stale zset entries are removed.
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] events stream
+-- KEYS[5] running zset   KEYS[6] stalled zset
 -- ARGV[1] job id   ARGV[2] janitor id   ARGV[3] nonce (also the request id)
 -- ARGV[4] lease TTL (ms)
 -- Answers: {'ok', token, deadline, <job hash as field, value, ...>} | {'not_found'}
 --   | {'not_running', state} | {'alive', deadline} | {'corrupt', field}
-local job, lease, leases, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local job, lease, leases, events, running, stalled = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, ttl = ARGV[1], tonumber(ARGV[4])
 
 local function answer(token, deadline)
@@ -55,5 +56,7 @@ stamp(job, ARGV[3])
 local rev = bump(job, now)
 local deadline = fmt(now + ttl)
 redis.call('ZADD', leases, deadline, id)
+redis.call('ZREM', running, id)
+redis.call('ZADD', stalled, fmt(now), id)
 event(events, rev, 'state', 'stalled')
 return answer(token, deadline)

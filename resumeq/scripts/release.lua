@@ -5,17 +5,23 @@
 -- outbox in the same step: it is enqueued even if the owner dies right after.
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] events stream
 -- KEYS[5] queued zset   KEYS[6] spilled zset   KEYS[7] text   KEYS[8] ledger list
--- KEYS[9] outbox hash   KEYS[10] outbox zset   KEYS[11] idempotency key (optional)
+-- KEYS[9] outbox hash   KEYS[10] outbox zset   KEYS[11] running zset   KEYS[12] stalled zset
+-- KEYS[13] ended zset   KEYS[14] totals   KEYS[15] the provider's totals
+-- KEYS[16] idempotency key (optional)
 -- ARGV[1] fencing token   ARGV[2] expected revision ('' for any)
 -- ARGV[3] 'queued' | 'abandoned' | 'spilled'   ARGV[4] reason
 -- ARGV[5] ledger record JSON ('' for none)   ARGV[6] retention (s)   ARGV[7] request id
 -- ARGV[8] the next attempt's delay (ms)   ARGV[9] the spill lane's queue
+-- ARGV[10] the ledger record's totals (JSON)
+-- ARGV[11] '1' if the attempt delivered output, '0' if it delivered nothing (a failure:
+--   the run of such attempts, and since when, is kept for the gate's pacing)
 -- Answers: {'ok', revision} | {'not_found'} | {'cancelled'} | {'lease_lost', state}
 --   | {'wrong_state', state} | {'stale_revision', current} | {'spill_exhausted'}
 --   | {'bad_argument', what} | {'corrupt', field}
 local job, lease, leases, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queued, spilled, text, ledger = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local outbox, pending, idem = KEYS[9], KEYS[10], KEYS[11]
+local outbox, pending, running, stalled = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
+local ended_index, totals, by_provider, idem = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
 local to_state = ARGV[3]
 
 if to_state ~= 'queued' and to_state ~= 'abandoned' and to_state ~= 'spilled' then
@@ -37,12 +43,24 @@ local now = now_ms()
 local id = redis.call('HGET', job, 'id')
 local next_attempt = fmt(tonumber(redis.call('HGET', job, 'attempt')) + 1)
 redis.call('HSET', job, 'state', to_state, 'reason', ARGV[4])
+if ARGV[11] == '0' then
+  if not redis.call('HGET', job, 'failing_since_ms') then
+    redis.call('HSET', job, 'failing_since_ms',
+      redis.call('HGET', job, 'attempt_started_ms') or fmt(now))
+  end
+  redis.call('HINCRBY', job, 'failures', 1)
+else
+  redis.call('HDEL', job, 'failing_since_ms')
+  redis.call('HSET', job, 'failures', '0')
+end
 stamp(job, ARGV[7])
 local rev = bump(job, now)
 redis.call('DEL', lease)
 redis.call('ZREM', leases, id)
-if ARGV[5] ~= '' then
-  redis.call('RPUSH', ledger, ARGV[5])
+redis.call('ZREM', running, id)
+redis.call('ZREM', stalled, id)
+if record_attempt(job, ledger, redis.call('HGET', job, 'attempt'), ARGV[5]) then
+  add_totals(totals, by_provider, ARGV[10])
 end
 if to_state == 'queued' then
   redis.call('ZADD', queued, fmt(now), id)
@@ -56,6 +74,7 @@ elseif to_state == 'spilled' then
   outbox_add(outbox, pending, id, 'attempt', ARGV[9] .. '|' .. next_attempt .. '|' .. fmt(now), now)
 else
   redis.call('HSET', job, 'finished_ms', fmt(now))
+  ended(totals, ended_index, id, to_state, now)
   outbox_clear(outbox, pending, id)
   retire(ARGV[6], job, text, events, ledger)
   retire_idempotency(idem, id, ARGV[6])

@@ -1,0 +1,220 @@
+"""The spill lane from a shell: filters, bulk requeue and drop, a larger budget on purpose,
+the conversation in ``show`` and ``export``, and ``jobs --state`` from the state indexes —
+all through the console script as a real process."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis
+from test_cli import run
+
+from resumeq import keys
+from resumeq.store import Store
+from resumeq.testing import RedisServer
+
+CONVERSATION = [
+    {"role": "system", "content": "Answer as a table."},
+    {"role": "user", "content": "Compare «Lua» and Python ✓ — 表格 🙂 for scripting Redis."},
+]
+
+
+def spill_one(
+    store: Store,
+    *,
+    reason: str,
+    provider: str = "local",
+    queue: str = "default",
+    text: str = "partial answer",
+    budget: int = 100,
+) -> str:
+    spec = {"messages": CONVERSATION, "provider": provider, "model": "m", "budget_tokens": budget}
+    job_id = store.create(spec, queue=queue).id
+    got = store.acquire(job_id, worker="w", ttl_ms=5000)
+    store.flush(got.lease, expected_revision=1, delta=text, tokens=3)
+    store.release(got.lease, to="spilled", reason=reason)
+    return job_id
+
+
+def age(client: redis.Redis, job_id: str, seconds: float) -> None:
+    """Pretend the job spilled ``seconds`` ago (the field the filter reads)."""
+    spilled_ms = int(client.hget(keys.job(job_id), "spilled_ms") or 0)
+    client.hset(keys.job(job_id), "spilled_ms", spilled_ms - int(seconds * 1000))
+
+
+def listed(url: str, *filters: str) -> list[dict[str, Any]]:
+    out = run("spill", "list", *filters, "--json", url=url)
+    assert out.returncode == 0, out.stderr
+    entries: list[dict[str, Any]] = json.loads(out.stdout)
+    return entries
+
+
+def test_list_filters_by_reason_provider_queue_and_age(
+    redis_server: RedisServer, real_store: Store, redis_client: redis.Redis
+) -> None:
+    url = redis_server.url
+    a = spill_one(real_store, reason="provider answered 503 for 300 s")
+    b = spill_one(real_store, reason="below the floor", provider="paid")
+    c = spill_one(real_store, reason="Provider answered 529", queue="bulk")
+    age(redis_client, a, 15 * 60)
+    assert [e["id"] for e in listed(url)] == [a, b, c]
+    assert [e["id"] for e in listed(url, "--reason", "PROVIDER ANSWERED")] == [a, c]
+    assert [e["id"] for e in listed(url, "--provider", "paid")] == [b]
+    assert [e["id"] for e in listed(url, "--queue", "bulk")] == [c]
+    assert [e["id"] for e in listed(url, "--older-than", "10m")] == [a]
+    assert [e["id"] for e in listed(url, "--reason", "answered", "--older-than", "10m")] == [a]
+    assert listed(url, "--reason", "answered", "--queue", "nope") == []
+    assert [e["id"] for e in listed(url, "--limit", "2")] == [a, b]
+    human = run("spill", "list", "--provider", "paid", url=url)
+    assert human.returncode == 0 and b in human.stdout and "below the floor" in human.stdout
+    assert human.stdout.rstrip().endswith("1 spilled")
+
+
+def test_a_bad_age_is_named(redis_server: RedisServer) -> None:
+    out = run("spill", "list", "--older-than", "ten minutes", url=redis_server.url)
+    assert out.returncode == 2
+    assert "'ten minutes'" in out.stderr and "like 10m" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_requeue_all_asks_with_the_count_and_touches_nothing_on_no(
+    redis_server: RedisServer, real_store: Store
+) -> None:
+    url = redis_server.url
+    ids = [spill_one(real_store, reason="provider answered 503") for _ in range(3)]
+    other = spill_one(real_store, reason="below the floor")
+    asked = run("spill", "requeue", "--all", "--reason", "503", url=url, input="n\n")
+    assert asked.returncode == 1, asked.stderr
+    assert "requeue 3 spilled job(s)?" in asked.stderr and "not confirmed" in asked.stderr
+    unanswered = run("spill", "drop", "--all", url=url, input="")
+    assert unanswered.returncode == 1 and "drop 4 spilled job(s)?" in unanswered.stderr
+    assert {e["id"] for e in listed(url)} == {*ids, other}
+
+
+def test_requeue_all_with_yes_moves_only_what_matches(
+    redis_server: RedisServer, real_store: Store
+) -> None:
+    url = redis_server.url
+    ids = [spill_one(real_store, reason="provider answered 503") for _ in range(3)]
+    other = spill_one(real_store, reason="below the floor")
+    out = run(
+        "spill", "requeue", "--all", "--reason", "503", "--to", "retry", "--yes", "--json",
+        url=url,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert sorted(result["done"]) == sorted(ids) and result["skipped"] == {}
+    assert [e["id"] for e in listed(url)] == [other]
+    for job_id in ids:
+        record = real_store.get(job_id)
+        assert (record.state.value, record.queue) == ("queued", "retry")
+    none_left = run("spill", "requeue", "--all", "--reason", "503", "--yes", url=url)
+    assert none_left.returncode == 0 and "no spilled job matches" in none_left.stdout
+
+
+def test_drop_all_by_provider(redis_server: RedisServer, real_store: Store) -> None:
+    url = redis_server.url
+    paid = [spill_one(real_store, reason="r", provider="paid") for _ in range(2)]
+    kept = spill_one(real_store, reason="r", provider="local")
+    out = run(
+        "spill", "drop", "--all", "--provider", "paid", "--why", "budget cut", "--yes", url=url
+    )
+    assert out.returncode == 0, out.stderr
+    assert "dropped 2" in out.stdout
+    for job_id in paid:
+        record = real_store.get(job_id)
+        assert (record.state.value, record.reason) == ("dropped", "budget cut")
+        assert real_store.text(job_id) == "partial answer"  # still readable
+    assert [e["id"] for e in listed(url)] == [kept]
+
+
+def test_bulk_needs_all_or_an_id_never_both(redis_server: RedisServer, real_store: Store) -> None:
+    url = redis_server.url
+    job_id = spill_one(real_store, reason="r")
+    neither = run("spill", "drop", url=url)
+    assert neither.returncode == 2 and "give a job id, or --all" in neither.stderr
+    both = run("spill", "requeue", job_id, "--all", "--yes", url=url)
+    assert both.returncode == 2 and "not both" in both.stderr
+    assert [e["id"] for e in listed(url)] == [job_id]
+
+
+def test_requeue_with_a_larger_budget(redis_server: RedisServer, real_store: Store) -> None:
+    url = redis_server.url
+    job_id = spill_one(real_store, reason="budget nearly spent", budget=40)
+    out = run("spill", "requeue", job_id, "--budget", "400", "--json", url=url)
+    assert out.returncode == 0, out.stderr
+    record = real_store.get(job_id)
+    assert record.state.value == "queued"
+    assert (record.budget_tokens, record.spec.budget_tokens) == (400, 400)
+    assert record.spent_output_tokens == 3
+    assert real_store.text(job_id) == "partial answer"
+
+
+def test_a_budget_below_what_was_spent_is_refused(
+    redis_server: RedisServer, real_store: Store
+) -> None:
+    url = redis_server.url
+    job_id = spill_one(real_store, reason="r", budget=40)
+    out = run("spill", "requeue", job_id, "--budget", "3", url=url)
+    assert out.returncode == 1
+    assert "budget_tokens: 3 leaves nothing past the 3 tokens already spent" in out.stderr
+    assert out.stderr.count("\n") == 1
+    record = real_store.get(job_id)
+    assert (record.state.value, record.budget_tokens) == ("spilled", 40)  # nothing written
+
+
+def test_show_and_export_carry_the_conversation(
+    redis_server: RedisServer, real_store: Store
+) -> None:
+    url = redis_server.url
+    job_id = spill_one(real_store, reason="provider answered 503", provider="paid")
+    shown = json.loads(run("spill", "show", job_id, "--json", url=url).stdout)
+    assert shown["messages"] == CONVERSATION
+    assert (shown["provider"], shown["model"], shown["text"]) == ("paid", "m", "partial answer")
+    human = run("spill", "show", job_id, url=url)
+    assert human.returncode == 0
+    assert "[user] Compare «Lua» and Python ✓ — 表格 🙂 for scripting Redis." in human.stdout
+    assert "provider answered 503" in human.stdout
+    spill_one(real_store, reason="other", provider="local")
+    lines = run("spill", "export", "--provider", "paid", url=url).stdout.splitlines()
+    exported = [json.loads(line) for line in lines]
+    assert [e["id"] for e in exported] == [job_id]
+    assert exported[0]["messages"] == CONVERSATION
+
+
+def test_a_requeued_job_starts_a_new_run_of_failures(
+    redis_server: RedisServer, real_store: Store, redis_client: redis.Redis
+) -> None:
+    job_id = spill_one(real_store, reason="provider answered 503 for 300 s")
+    redis_client.hset(keys.job(job_id), mapping={"failures": 7, "failing_since_ms": 1})
+    assert run("spill", "requeue", job_id, url=redis_server.url).returncode == 0
+    record = real_store.get(job_id)
+    assert (record.failures, record.failing_since_ms) == (0, None)
+
+
+def test_jobs_by_state_from_the_indexes(redis_server: RedisServer, real_store: Store) -> None:
+    url = redis_server.url
+    spec = {"prompt": "hi", "provider": "local", "model": "m", "budget_tokens": 100}
+    queued = [real_store.create(spec, queue=q).id for q in ("default", "bulk", "bulk")]
+    running = real_store.create(spec).id
+    real_store.acquire(running, worker="w1", ttl_ms=5000)
+    spilled = spill_one(real_store, reason="r")
+    ended = real_store.create(spec).id
+    real_store.cancel(ended)
+
+    def ids(*args: str) -> list[str]:
+        out = run("jobs", *args, "--json", url=url)
+        assert out.returncode == 0, out.stderr
+        return [e["id"] for e in json.loads(out.stdout)["jobs"]]
+
+    assert ids("--state", "queued") == queued
+    assert ids("--state", "queued", "--queue", "bulk") == queued[1:]
+    assert ids("--state", "queued", "--queue", "bulk", "--limit", "1") == queued[1:2]
+    assert ids("--state", "running") == [running]
+    assert ids("--state", "spilled") == [spilled]
+    assert ids("--state", "stalled") == []
+    human = run("jobs", "--state", "running", url=url)
+    assert human.returncode == 0 and running in human.stdout
+    bad = run("jobs", "--state", "done", url=url)
+    assert bad.returncode == 2 and "Invalid value for '--state'" in bad.stderr

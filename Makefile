@@ -39,8 +39,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict resumeq
 
+# Two workers: most tests wait on processes and sockets, and every test starts its own
+# servers on free ports, so they run side by side (plain `pytest` runs them one by one).
 pytest: $(STAMP) redis-server
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2
 
 # Reduced sizes (under 5 minutes in all); BENCHMARKS.md has the full-size commands.
 bench: $(STAMP) redis-server

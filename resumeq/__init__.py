@@ -3,8 +3,9 @@
 The public surface is what ``__all__`` lists; everything else is internal.
 """
 
-from resumeq.async_client import AsyncClient
-from resumeq.client import Client, Delta, Job
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from resumeq.errors import (
     ConfigError,
     CorruptRecord,
@@ -67,7 +68,30 @@ from resumeq.spec import (
 )
 from resumeq.store import DEFAULT_QUEUE, ReapResult, Store
 
+if TYPE_CHECKING:
+    from resumeq.async_client import AsyncClient
+    from resumeq.client import Client, Delta, Job
+
 __version__ = "0.1.0"
+
+#: The producer clients load on first use: a worker, a janitor or the CLI never needs
+#: them, and asyncio's Redis client alone costs a tenth of a second to import.
+_LAZY = {
+    "AsyncClient": "resumeq.async_client",
+    "Client": "resumeq.client",
+    "Delta": "resumeq.client",
+    "Job": "resumeq.client",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'resumeq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_QUEUE",

@@ -39,7 +39,7 @@ from resumeq.errors import RedisUnavailable
 from resumeq.models import JobRecord
 from resumeq.settings import StoreSettings
 from resumeq.spec import JobSpec, Limits
-from resumeq.store import DEFAULT_QUEUE, RETRY_PAUSE_S, Store, decode, redis_errors
+from resumeq.store import DEFAULT_QUEUE, RETRY_PAUSE_S, Store, decode_text, redis_errors
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -141,7 +141,7 @@ class AsyncClient:
                 return await pipe.execute()
 
         fields, raw = await self._read("snapshot", both)
-        return Job.from_snapshot(record_of(job_id, fields), decode(raw) if raw is not None else "")
+        return Job.from_snapshot(record_of(job_id, fields), decode_text(raw))
 
     async def wait(self, job_id: str, timeout: float) -> Job:
         """Wait until the job ends (or spills: it then waits for a person); raise
@@ -184,17 +184,18 @@ class AsyncClient:
         cursor = EventCursor(job_id, after=after, deadline=deadline, stop_at_spill=stop_at_spill)
         cursor.start(await self._record(job_id))  # JobNotFound for an unknown job
         while not cursor.ended:
-            block = cursor.block_ms(time.monotonic())
-            with redis_errors("follow"):
-                reply: Any = await self.redis.xread(cursor.streams, count=cursor.count, block=block)
-                if not reply and not await self.redis.exists(cursor.job_key):
-                    raise cursor.gone()
-            for entry in cursor.take(reply):
-                yield entry
             if cursor.gap:
                 job = await self.get(job_id)
                 for entry in cursor.fill(job.record, job.text):
                     yield entry
+                continue
+            block = cursor.block_ms(time.monotonic())
+            with redis_errors("follow"):
+                reply: Any = await self.redis.xread(cursor.streams, count=cursor.count, block=block)
+                if not reply:
+                    cursor.idle(await self.redis.hmget(cursor.job_key, cursor.probe))
+            for entry in cursor.take(reply):
+                yield entry
 
     async def _record(self, job_id: str) -> JobRecord:
         async def fields(r: redis.asyncio.Redis) -> Any:

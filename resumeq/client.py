@@ -114,14 +114,15 @@ class EventCursor:
 
     A reader passes the job's record to :meth:`start`, then, until :attr:`ended`, reads
     :attr:`streams` (XREAD, :attr:`count` entries, blocking :meth:`block_ms`) and hands each
-    reply to :meth:`take`. An empty reply for a job whose record (:attr:`job_key`) is gone
-    raises :meth:`gone`.
+    reply to :meth:`take`. After an empty reply it reads the job hash's ``id`` and
+    ``events_trimmed`` (:attr:`probe`) and hands them to :meth:`idle`, which raises
+    :meth:`gone` for a job that is gone.
 
-    Every revision has one entry, so the entries a reader takes are consecutive — unless
-    the job ended a while ago and its stream was trimmed to the terminal entry. Then
-    :meth:`take` stops before the first entry past the hole and sets :attr:`gap`; the
-    reader reads the job and its text in one snapshot and hands both to :meth:`fill`,
-    which answers the text the hole held, then goes on reading.
+    A job that ended a while ago has no events stream: the janitor removed it, keeping
+    where each text delta ended. The cursor then sets :attr:`gap` (at :meth:`start`, at
+    :meth:`idle`, or at a hole in the revisions); the reader reads the job and its text in
+    one snapshot and hands both to :meth:`fill`, which answers the text not seen yet and
+    ends the read.
     """
 
     count = 500
@@ -141,10 +142,24 @@ class EventCursor:
         self._last_id = "0-0"
         self._stops = RESTING_STATES if stop_at_spill else _ENDING_STATES
 
+    #: The job hash fields :meth:`idle` needs.
+    probe = ("id", "events_trimmed")
+
     def start(self, record: JobRecord) -> None:
-        """Nothing to read when the job rests at or before revision ``after``."""
+        """Nothing to read when the job rests at or before revision ``after``; the text
+        alone when its events are gone."""
         if record.revision <= self.after and record.state.value in self._stops:
             self.ended = True
+        elif record.events_trimmed is not None:
+            self.gap = True
+
+    def idle(self, probed: list[Any]) -> None:
+        """After an empty read: the job's :attr:`probe` fields (HMGET)."""
+        job_id, trimmed = probed
+        if job_id is None:
+            raise self.gone()
+        if trimmed is not None:
+            self.gap = True  # removed while this reader waited
 
     @property
     def streams(self) -> dict[KeyT, StreamIdT]:
@@ -181,19 +196,20 @@ class EventCursor:
         return taken
 
     def fill(self, record: JobRecord, text: str) -> list[tuple[int, dict[str, str]]]:
-        """The text the trimmed part of the stream held past where the reader is, from a
-        snapshot of the job (``record`` and its ``text``), as one event at the revision
-        before the stream's first entry left."""
-        if record.events_from is None or record.events_from <= self._seen:
+        """From a snapshot of a job whose events are gone (``record`` and its ``text``):
+        the text past where the reader is, with the job's end, as one event at its last
+        revision. The read is over."""
+        if record.events_trimmed is None:
             raise StoreError(
                 f"job {self.job_id}: its events stream lacks revisions after {self._seen} "
                 "and was never trimmed"
             )
-        start = record.text_bytes_after(self._seen)
-        rest = text.encode()[start:].decode()
-        self._seen = record.events_from - 1
+        rest = text.encode()[record.text_bytes_after(self._seen) :].decode()
+        self._seen = record.events_trimmed
         self.gap = False
-        return [(self._seen, {"rev": str(self._seen), "delta": rest})] if rest else []
+        self.ended = True
+        fields = {"rev": str(self._seen), "state": record.state.value}
+        return [(self._seen, {**fields, "delta": rest} if rest else fields)]
 
     def gone(self) -> JobNotFound:
         return JobNotFound(f"job {self.job_id} is gone", job_id=self.job_id)
@@ -274,11 +290,12 @@ class Client:
         cursor = EventCursor(job_id, after=after, deadline=deadline, stop_at_spill=stop_at_spill)
         cursor.start(self.store.get(job_id))  # JobNotFound for an unknown job
         while not cursor.ended:
+            if cursor.gap:
+                yield from cursor.fill(*self.store.snapshot(job_id))
+                continue
             block = cursor.block_ms(time.monotonic())
             with redis_errors("follow"):
                 reply: Any = self.redis.xread(cursor.streams, count=cursor.count, block=block)
-                if not reply and not self.redis.exists(cursor.job_key):
-                    raise cursor.gone()
+                if not reply:
+                    cursor.idle(self.redis.hmget(cursor.job_key, cursor.probe))
             yield from cursor.take(reply)
-            if cursor.gap:
-                yield from cursor.fill(*self.store.snapshot(job_id))

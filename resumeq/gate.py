@@ -20,9 +20,10 @@ prefix a second time.
 
 Pacing: an attempt that delivered output shows the provider was working — the next one
 starts at once, however many cuts came before. Only attempts that delivered nothing back
-off (exponential, full jitter, capped; a provider's Retry-After is honoured), and such a
-run of failures ends the job's chances by *time*: once it has lasted ``retry_window_s``,
-the job's exit applies. ``max_attempts`` caps the attempts that made progress.
+off (exponential and capped, with "equal" jitter: between half and all of the ceiling; a
+provider's Retry-After is honoured), and such a run of failures ends the job's chances by
+*time*: once it has lasted ``retry_window_s``, the job's exit applies. ``max_attempts``
+caps the attempts that made progress.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ CutKind = Literal[
     "conflict",  # the prompt hash no longer matches the stored one
 ]
 
-#: Backoff for retries without a Retry-After: base * 2^(n-1), capped, with full jitter.
+#: Backoff for retries without a Retry-After: base * 2^(n-1), capped, with "equal" jitter
+#: (half the ceiling, plus up to as much again at random).
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
 #: A provider's Retry-After is honoured up to this long.
@@ -104,7 +106,8 @@ class Decision(BaseModel):
 
 
 def backoff_s(attempt: int, jitter: float) -> float:
-    """Full-jitter exponential backoff after ``attempt`` attempts; ``jitter`` in [0, 1)."""
+    """Exponential backoff after ``attempt`` attempts with "equal" jitter: between half
+    and all of the capped ceiling; ``jitter`` in [0, 1)."""
     if not 0.0 <= jitter < 1.0:
         raise ValueError("jitter must be in [0, 1)")
     ceiling = min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2.0 ** max(0, attempt - 1))

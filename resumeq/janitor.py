@@ -73,6 +73,8 @@ class SweepReport:
     requeued: list[str] = field(default_factory=list)
     #: Jobs whose outbox this sweep carried out.
     followed_up: list[str] = field(default_factory=list)
+    #: Ended jobs whose events stream this sweep trimmed to the terminal entry.
+    trimmed: list[str] = field(default_factory=list)
     outcomes: dict[str, str] = field(default_factory=dict)
     errors: int = 0
 
@@ -98,6 +100,10 @@ class Janitor:
             if self._safe(report, self._requeue_vanished, job_id):
                 report.requeued.append(job_id)
         self._safe(report, self._enqueue_late_scheduled)
+        grace_ms = int(self.store.settings.events_grace_s * 1000)
+        for job_id in self._safe(report, self.store.ended_before, grace_ms) or []:
+            if self._safe(report, self.store.trim_events, job_id):
+                report.trimmed.append(job_id)
         if time.monotonic() - self._last_registry_clean >= REGISTRY_INTERVAL_S:
             self._safe(report, self._clean_registries)
             self._last_registry_clean = time.monotonic()

@@ -84,15 +84,15 @@ class JobRecord(BaseModel):
     #: Attempts in a row that delivered nothing, and when the first of them started.
     failures: int = 0
     failing_since_ms: int | None = None
-    #: Once the ended job's events stream was trimmed: the revision of its one entry left
-    #: (the terminal state), and ``"rev:end rev:end …"``, the text's length in bytes after
-    #: each revision that added text (what a late follower resumes from).
-    events_from: int | None = None
+    #: Once the ended job's events stream was removed (a grace after it ended): the
+    #: revision it had then (its last), and ``"rev:end rev:end …"``, the text's length in
+    #: bytes after each revision that added text — where a late follower resumes from.
+    events_trimmed: int | None = None
     text_offsets: str = ""
 
     def text_bytes_after(self, revision: int) -> int:
         """How many bytes of the text a follower had after ``revision``, from
-        :attr:`text_offsets` (a trimmed stream no longer holds the deltas)."""
+        :attr:`text_offsets` (the events that held the deltas are gone)."""
         end = 0
         for pair in self.text_offsets.split():
             rev, _, size = pair.partition(":")

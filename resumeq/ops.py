@@ -102,20 +102,24 @@ def stats(store: Store, provider: str | None = None) -> dict[str, Any]:
     died with tokens in flight)."""
     totals = store.totals(provider)
     live = store.live_counts()
+    in_flight = live["running"] + live["stalled"]
+    spend = {
+        **{field: totals.get(field, 0) for field in TOTAL_FIELDS},
+        # attempts in flight are counted over every provider: the indexes are global
+        "attempts_in_flight": in_flight,
+        "counts_complete": in_flight == 0 and not totals.get("lower_bound_attempts", 0),
+    }
+    if provider is not None:
+        # a job may change provider when requeued: per provider, only what its attempts
+        # spent is meaningful, not how many jobs it "has"
+        return {"provider": provider, **spend}
     states = {
         state.value: live[state.value]
         if state.value in live
         else totals.get(f"jobs:{state.value}", 0)
         for state in JobState
     }
-    in_flight = live["running"] + live["stalled"]
-    return {
-        "jobs": totals.get("jobs:created", 0),
-        "states": states,
-        **{field: totals.get(field, 0) for field in TOTAL_FIELDS},
-        "attempts_in_flight": in_flight,
-        "counts_complete": in_flight == 0 and not totals.get("lower_bound_attempts", 0),
-    }
+    return {"jobs": totals.get("jobs:created", 0), "states": states, **spend}
 
 
 LIVE_STATES = ("queued", "running", "stalled", "spilled")

@@ -60,7 +60,10 @@ class AttemptEntry:
 def complete(store: Store, connection: redis.Redis, job_id: str) -> int:
     """Carry out the job's outbox entries; answers how many were carried out."""
     done = 0
-    for field, raw in store.outbox(job_id).items():
+    entries = store.outbox(job_id)
+    if not entries:  # expired with its job, or carried out by another process meanwhile
+        store.outbox_prune(job_id)
+    for field, raw in entries.items():
         if field == "attempt":
             entry = AttemptEntry.parse(raw)
             delay_s = max(0.0, entry.due_ms / 1000.0 - time.time())

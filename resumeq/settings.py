@@ -178,6 +178,10 @@ class StoreSettings(BaseModel):
     #: Terminal jobs (their text, events, ledger and idempotency key too) expire after this
     #: long.
     retention_s: int = Field(default=7 * 24 * 3600, gt=0)
+    #: After a job ends, its followers have this long to read its events stream; then the
+    #: janitor trims it to the terminal entry (the text is kept once, in the text key, and
+    #: a follower that comes later reads it there).
+    events_grace_s: float = Field(default=60.0, ge=0)
 
 
 ProfileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]

@@ -17,6 +17,7 @@ import re
 import secrets
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, NoReturn, TypeVar
@@ -63,6 +64,27 @@ def decode(value: Any) -> str:
 
 
 _s = decode
+
+#: An ended job's text, once its events are trimmed, is stored compressed (zlib) after
+#: these two bytes — which no UTF-8 text starts with (0xFF never occurs in UTF-8).
+PACKED_TEXT = b"\xffz"
+
+
+def decode_text(raw: Any) -> str:
+    """A text key's value as text, whether stored as written or compressed."""
+    if raw is None:
+        return ""
+    if isinstance(raw, bytes) and raw.startswith(PACKED_TEXT):
+        return zlib.decompress(raw[len(PACKED_TEXT) :]).decode("utf-8")
+    return decode(raw)
+
+
+def pack_text(raw: bytes) -> bytes | None:
+    """The compressed form of a text key's value, if it is smaller."""
+    if not raw or raw.startswith(PACKED_TEXT):
+        return None
+    packed = PACKED_TEXT + zlib.compress(raw, 6)
+    return packed if len(packed) < len(raw) else None
 
 
 def _pairs(flat: list[Any]) -> dict[str, str]:
@@ -291,7 +313,11 @@ class Store:
     def fail_unreadable(self, job_id: str, *, reason: str) -> int:
         """End a job whose record cannot be read back as ``failed`` (janitor only): no
         field of it is trusted. Answers the new revision."""
-        job_keys = _ending_keys(job_id)
+        try:
+            idem = self._idempotency_key_of(job_id)  # expires with the job, if it names it
+        except ValueError:
+            idem = []  # that field is as unreadable as the rest
+        job_keys = [*_ending_keys(job_id), *idem]
         args: list[str | int] = [job_id, reason, self.settings.retention_s]
         return self._write("fail", job_keys, args, job_id)
 
@@ -341,15 +367,15 @@ class Store:
         if not fields:
             raise JobNotFound(f"no job {job_id}", job_id=job_id)
         record = _record(job_id, {_s(k): _s(v) for k, v in fields.items()})
-        return record, _s(raw) if raw is not None else ""
+        return record, decode_text(raw)
 
     def text(self, job_id: str) -> str:
         """The durable prefix (the whole text once the job is done)."""
-        raw = self._read("text", lambda r: r.get(keys.text(job_id)))
-        return _s(raw) if raw is not None else ""
+        return decode_text(self._read("text", lambda r: r.get(keys.text(job_id))))
 
     def text_bytes(self, job_id: str) -> int:
-        """Length of the stored prefix in bytes (UTF-8)."""
+        """Length of the stored prefix in bytes (UTF-8) of a job whose events are not
+        trimmed (a trimmed job's text may be stored compressed: see ``text_offsets``)."""
         return int(self._read("text_bytes", lambda r: r.strlen(keys.text(job_id))))
 
     def queued_before(self, age_ms: int, *, limit: int = 200) -> list[str]:
@@ -381,6 +407,13 @@ class Store:
             self._refused(status, rest, job_id, "outbox_done")
         return int(rest[0])
 
+    def outbox_prune(self, job_id: str) -> None:
+        """Forget the job in the outbox index if its outbox is empty (it expired with a
+        job that ended while entries were pending), atomically: a commit adding an entry
+        meanwhile keeps it."""
+        self._run("outbox_done", [keys.outbox(job_id), keys.OUTBOX], [job_id, "", ""], job_id,
+                  tries=WRITE_TRIES)  # fmt: skip
+
     def outbox_replace(self, job_id: str, field: str, entry: str, new: str) -> bool:
         """Replace an outbox entry if it is still ``entry``; answers whether it was."""
         status, *_ = self._run("outbox_set", [keys.outbox(job_id)], [field, entry, new], job_id,
@@ -407,12 +440,17 @@ class Store:
         return self._before(keys.ENDED, age_ms, limit, "ended_before")
 
     def trim_events(self, job_id: str) -> int:
-        """Cut an ended job's events stream to its terminal entry, keeping in the job hash
-        where each text delta ended so a late follower reads the rest from the text.
-        Answers how many entries were removed (0 when there was nothing to trim: the job
-        is gone, not ended, or trimmed already)."""
-        job_keys = [keys.job(job_id), keys.events(job_id), keys.ENDED]
-        status, *rest = self._run("trim_events", job_keys, [job_id], job_id, tries=WRITE_TRIES)
+        """Remove an ended job's events stream, keeping in the job hash where each text
+        delta ended so a late follower reads the rest from the text; store the text at its
+        exact size and drop what only a running job needs. Answers how many entries were
+        removed (0 when there was nothing to trim: the job is gone, not ended, or trimmed
+        already)."""
+        job_keys = [keys.job(job_id), keys.events(job_id), keys.text(job_id), keys.ENDED]
+        raw = self._read("text", lambda r: r.get(keys.text(job_id))) or b""
+        raw = raw.encode() if isinstance(raw, str) else raw
+        packed = pack_text(raw)
+        args: list[str | int | bytes] = [job_id, len(raw), packed or ""]
+        status, *rest = self._run("trim_events", job_keys, args, job_id, tries=WRITE_TRIES)
         if status == "ok":
             return int(rest[0])
         if status in ("not_found", "not_ended", "already_trimmed"):
@@ -747,7 +785,7 @@ class Store:
         self,
         name: str,
         job_keys: list[str],
-        args: list[str | int],
+        args: Sequence[str | int | bytes],
         job_id: str,
         *,
         tries: int = 1,

@@ -218,3 +218,27 @@ def test_jobs_by_state_from_the_indexes(redis_server: RedisServer, real_store: S
     assert human.returncode == 0 and running in human.stdout
     bad = run("jobs", "--state", "done", url=url)
     assert bad.returncode == 2 and "Invalid value for '--state'" in bad.stderr
+
+
+def test_filters_beside_a_job_id_are_refused(redis_server: RedisServer, real_store: Store) -> None:
+    url = redis_server.url
+    job_id = spill_one(real_store, reason="r")
+    out = run("spill", "drop", job_id, "--reason", "r", url=url)
+    assert out.returncode == 2
+    assert "--reason: filters choose jobs for --all, not with a job id" in out.stderr
+    out = run("spill", "requeue", job_id, "--from-provider", "local", "--queue", "q", url=url)
+    assert out.returncode == 2 and "--from-provider, --queue: filters choose" in out.stderr
+    assert [e["id"] for e in listed(url)] == [job_id]  # nothing touched
+
+
+def test_bulk_json_when_nothing_matches_and_the_question_names_the_target(
+    redis_server: RedisServer, real_store: Store
+) -> None:
+    url = redis_server.url
+    out = run("spill", "drop", "--all", "--reason", "nothing like it", "--yes", "--json", url=url)
+    assert out.returncode == 0 and json.loads(out.stdout) == {"done": [], "count": 0, "skipped": {}}
+    spill_one(real_store, reason="r")
+    asked = run(
+        "spill", "requeue", "--all", "--provider", "paid", "--to", "vip", url=url, input="n\n"
+    )  # fmt: skip
+    assert "requeue 1 spilled job(s) to queue vip to provider paid?" in asked.stderr

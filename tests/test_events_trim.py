@@ -11,10 +11,13 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from resumeq import AsyncClient, keys
+from resumeq import AsyncClient, keys, ops
 from resumeq.client import Client, EventCursor
+from resumeq.context import build_context
 from resumeq.errors import StoreError
-from resumeq.store import Store
+from resumeq.janitor import Janitor
+from resumeq.settings import ConfigFile, Settings, StoreSettings
+from resumeq.store import PACKED_TEXT, Store, decode_text, pack_text
 from resumeq.testing import RedisServer
 
 SPEC = {"prompt": "Trim me.", "provider": "local", "model": "m", "budget_tokens": 500}
@@ -46,23 +49,32 @@ def client(real_store: Store) -> Iterator[Client]:
     yield Client(real_store.redis)
 
 
-def test_trim_keeps_the_terminal_entry_and_where_each_delta_ended(
+def test_trim_removes_the_stream_and_keeps_where_each_delta_ended(
     real_store: Store, redis_client: redis.Redis
 ) -> None:
     job_id = finished_job(real_store)
     last = real_store.get(job_id).revision
     assert revisions_of(redis_client, job_id) == list(range(1, last + 1))
-    ttl = redis_client.ttl(keys.events(job_id))
-    assert real_store.trim_events(job_id) == last - 1
-    assert revisions_of(redis_client, job_id) == [last]
-    assert 0 < redis_client.ttl(keys.events(job_id)) <= ttl  # still expires with the job
+    text_ttl = redis_client.ttl(keys.text(job_id))
+    padded = redis_client.memory_usage(keys.text(job_id), samples=0)
+    assert real_store.trim_events(job_id) == last
+    assert redis_client.exists(keys.events(job_id)) == 0
     record = real_store.get(job_id)
-    assert record.events_from == last
+    assert record.events_trimmed == last
     assert record.text_bytes_after(0) == 0
     assert record.text_bytes_after(last) == len(TEXT.encode())
+    first_delta = len(ATTEMPTS[0][0].encode())
+    assert record.text_bytes_after(2) == first_delta  # revision 2: the first flush
+    # what only a running job needs is gone; the text is the same, at its exact size
+    assert redis_client.hget(keys.job(job_id), "lease_token") is None
+    assert real_store.text(job_id) == TEXT
+    assert 0 < redis_client.ttl(keys.text(job_id)) <= text_ttl
+    assert redis_client.memory_usage(keys.text(job_id), samples=0) <= padded
     assert real_store.trim_events(job_id) == 0  # once is enough
     assert redis_client.zscore(keys.ENDED, job_id) is None
-    assert real_store.text(job_id) == TEXT
+    assert ops.status_dict(real_store, job_id)["text"] == TEXT
+    assert real_store.purge(job_id) > 0
+    assert redis_client.keys(f"*{job_id}*") == []
 
 
 def test_only_ended_jobs_are_trimmed(real_store: Store, redis_client: redis.Redis) -> None:
@@ -138,3 +150,58 @@ def test_a_hole_no_trim_explains_is_an_error(
     redis_client.xdel(keys.events(job_id), first_id)  # not the janitor's doing
     with pytest.raises(StoreError, match="lacks revisions after 0 and was never trimmed"):
         list(client.follow(job_id, timeout=5))
+
+
+def test_the_janitor_trims_once_the_grace_has_passed(
+    redis_server: RedisServer, real_store: Store, redis_client: redis.Redis
+) -> None:
+    def janitor(grace_s: float) -> Janitor:
+        file = ConfigFile(store=StoreSettings(events_grace_s=grace_s))
+        return Janitor(build_context(Settings(redis_url=redis_server.url, file=file)))
+
+    job_id = finished_job(real_store)
+    entries = redis_client.xlen(keys.events(job_id))
+    assert janitor(60).sweep().trimmed == []
+    assert redis_client.xlen(keys.events(job_id)) == entries
+    assert janitor(0).sweep().trimmed == [job_id]
+    assert redis_client.exists(keys.events(job_id)) == 0
+    assert redis_client.zcard(keys.ENDED) == 0
+    follower = Client(real_store.redis)
+    assert "".join(d.text for d in follower.follow(job_id, timeout=5)) == TEXT
+
+
+def test_a_long_text_is_kept_compressed_and_reads_back_exactly(
+    redis_server: RedisServer, real_store: Store, redis_client: redis.Redis
+) -> None:
+    rows = [f"| {n} | {'ü' * (n % 5)} | 表 {n * n} |\n" for n in range(200)]  # ~5 KB, a table
+    job_id = real_store.create(SPEC).id
+    got = real_store.acquire(job_id, worker="w", ttl_ms=5000)
+    rev = got.record.revision
+    for k in range(0, len(rows), 20):
+        rev = real_store.flush(got.lease, expected_revision=rev, delta="".join(rows[k : k + 20]),
+                               tokens=20).revision  # fmt: skip
+    real_store.finish(got.lease, state="done", finish_reason="stop")
+    text = "".join(rows)
+    middle = rev - 4
+    expected_rest = "".join(d.text for d in Client(real_store.redis).follow(job_id, after=middle))
+    real_store.trim_events(job_id)
+    stored = redis_client.get(keys.text(job_id))
+    assert stored is not None and stored.startswith(PACKED_TEXT)
+    assert len(stored) < len(text.encode()) // 3
+    assert real_store.text(job_id) == text and Client(real_store.redis).get(job_id).text == text
+    rest = "".join(d.text for d in Client(real_store.redis).follow(job_id, after=middle))
+    assert rest == expected_rest and text.endswith(rest)
+
+    async def read() -> str:
+        async with AsyncClient.from_url(redis_server.url) as aclient:
+            return (await aclient.get(job_id)).text
+
+    assert asyncio.run(read()) == text
+
+
+def test_packing_only_what_it_makes_smaller() -> None:
+    assert pack_text(b"") is None and pack_text(b"short") is None
+    assert pack_text(PACKED_TEXT + b"x" * 100) is None  # packed already
+    packed = pack_text(("na" * 500).encode())
+    assert packed is not None and decode_text(packed) == "na" * 500
+    assert decode_text("plain ✓".encode()) == "plain ✓" and decode_text(None) == ""

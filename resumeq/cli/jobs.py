@@ -193,15 +193,19 @@ def tail(obj: Context, job_id: str, after: int) -> None:
 @click.pass_obj
 @reports_errors
 def stats(obj: Context, as_json: bool, provider: str | None) -> None:
-    """Jobs by state (now, and ended since the totals began) and token totals."""
+    """Jobs by state (now, and ended since the totals began) and token totals; with
+    --provider, the token and attempt totals of that provider profile's attempts."""
     info = ops.stats(obj.store, provider)
     if as_json:
         _emit(info)
         return
-    click.echo(f"jobs: {info['jobs']}" + (f" (provider {provider})" if provider else ""))
-    for state, n in info["states"].items():
-        if n:
-            click.echo(f"  {state:<10} {n}")
+    if provider is not None:
+        click.echo(f"provider {provider}: what its attempts spent")
+    else:
+        click.echo(f"jobs: {info['jobs']}")
+        for state, n in info["states"].items():
+            if n:
+                click.echo(f"  {state:<10} {n}")
     for key in (*ops.TOTAL_FIELDS, "attempts_in_flight"):
         click.echo(f"{key}: {info[key]}")
     if not info["counts_complete"]:

@@ -101,16 +101,38 @@ def spill_show(obj: Context, job_id: str, as_json: bool) -> None:
     click.echo(info["text"])
 
 
-def _confirmed(obj: Context, verb: str, where: ops.SpillFilter, yes: bool) -> bool:
-    """Say how many jobs ``--all`` will touch, and ask (unless ``--yes``)."""
+def _single(
+    job_id: str | None, every: bool, filters: dict[str, Any], provider_flag: str = "--provider"
+) -> bool:
+    """Whether the command is about one job (an id) rather than ``--all`` that match."""
+    if every and job_id is not None:
+        raise click.UsageError("give a job id or --all, not both")
+    if not every and job_id is None:
+        raise click.UsageError("give a job id, or --all (with filters) for many")
+    given = [name for name, value in filters.items() if value is not None]
+    if job_id is not None and given:
+        flag = {"of_provider": provider_flag}
+        flags = ", ".join(flag.get(name, "--" + name.replace("_", "-")) for name in given)
+        raise click.UsageError(f"{flags}: filters choose jobs for --all, not with a job id")
+    return job_id is not None
+
+
+def _confirmed(
+    obj: Context, verb: str, where: ops.SpillFilter, yes: bool, as_json: bool, *, to: str = ""
+) -> bool:
+    """Say how many jobs ``--all`` will touch (and where to), and ask (unless ``--yes``)."""
     count = len(ops.spilled_records(obj.store, where))
     if count == 0:
-        click.echo("no spilled job matches")
+        if as_json:
+            _emit(ops.BulkResult().as_dict())
+        else:
+            click.echo("no spilled job matches")
         return False
     if yes:
         return True
     try:
-        answer = click.confirm(f"{verb} {count} spilled job(s)?", default=False, err=True)
+        question = f"{verb} {count} spilled job(s){to}?"
+        answer = click.confirm(question, default=False, err=True)
     except click.Abort:  # no answer: stdin closed, as in a script without --yes
         answer = False
     if not answer:
@@ -151,19 +173,25 @@ def spill_requeue(
     def requeue(one: str) -> str:
         return ops.requeue_spilled(obj.store, one, queue=to_queue, provider=provider, budget=budget)
 
-    if not every:
-        if job_id is None:
-            raise click.UsageError("give a job id, or --all (with filters) for many")
+    if _single(job_id, every, filters, "--from-provider"):
+        assert job_id is not None
         queue = requeue(job_id)
         if as_json:
             _emit({"id": job_id, "state": "queued", "queue": queue})
         else:
             click.echo(f"requeued {job_id} to {queue}")
         return
-    if job_id is not None:
-        raise click.UsageError("give a job id or --all, not both")
     where = _where(**filters)
-    if not _confirmed(obj, "requeue", where, yes):
+    to = "".join(
+        f" {label} {value}"
+        for label, value in (
+            ("to queue", to_queue),
+            ("to provider", provider),
+            ("with budget", budget),
+        )
+        if value is not None
+    )
+    if not _confirmed(obj, "requeue", where, yes, as_json, to=to):
         return
     result = ops.bulk(obj.store, requeue, where)
     _report(result, "requeued", as_json)
@@ -191,19 +219,16 @@ def spill_drop(
 ) -> None:
     """Give up on a spilled job (or --all that match); its partial text stays readable
     until it expires."""
-    if not every:
-        if job_id is None:
-            raise click.UsageError("give a job id, or --all (with filters) for many")
+    if _single(job_id, every, filters):
+        assert job_id is not None
         ops.drop_spilled(obj.store, job_id, reason=why)
         if as_json:
             _emit({"id": job_id, "state": "dropped"})
         else:
             click.echo(f"dropped {job_id}")
         return
-    if job_id is not None:
-        raise click.UsageError("give a job id or --all, not both")
     where = _where(**filters)
-    if not _confirmed(obj, "drop", where, yes):
+    if not _confirmed(obj, "drop", where, yes, as_json):
         return
     result = ops.bulk(obj.store, lambda one: ops.drop_spilled(obj.store, one, reason=why), where)
     _report(result, "dropped", as_json)

@@ -8,6 +8,7 @@ Redis restart (redis-py's ``Script`` does that).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -53,7 +54,7 @@ class Scripts:
             name: client.register_script(src) for name, src in SOURCES.items()
         }
 
-    def run(self, name: str, keys: list[str], args: list[str | int]) -> list[Any]:
+    def run(self, name: str, keys: list[str], args: Sequence[str | int | bytes]) -> list[Any]:
         """Run script ``name``; answers its reply table (bytes elements)."""
         reply = self._scripts[name](keys=keys, args=args)
         if not isinstance(reply, list) or not reply:

@@ -1,13 +1,16 @@
--- trim_events: a job ended a while ago (the grace its last followers had to read its
--- events): its text is kept once, not twice. The events stream is cut to its last entry
--- (the terminal state), and the job hash keeps where each text delta ended in the text,
--- so a follower that comes later — from the start or after any revision — reads the text
--- it has not seen from the text key instead.
--- KEYS[1] job hash   KEYS[2] events stream   KEYS[3] ended zset
--- ARGV[1] job id
+-- trim_events: a job ended a while ago (the grace its followers had to read its events):
+-- keep its text once, and compactly. The events stream goes (even one entry would keep a
+-- whole stream node, some 4 KB); the job hash keeps where each text delta ended in the
+-- text, so a follower that comes later — from the start or after any revision — reads the
+-- text it has not seen from the text key. The text, grown by APPENDs with room to spare,
+-- is written again, compressed when the caller could make it smaller; fields only a
+-- running job needs are dropped.
+-- KEYS[1] job hash   KEYS[2] events stream   KEYS[3] text   KEYS[4] ended zset
+-- ARGV[1] job id   ARGV[2] the text's length the caller read
+-- ARGV[3] that text compressed ('' to store it as it is)
 -- Answers: {'ok', entries removed} | {'not_found'} | {'not_ended', state}
 --   | {'already_trimmed'}
-local job, events, ended_index = KEYS[1], KEYS[2], KEYS[3]
+local job, events, text, ended_index = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
 
 local state = redis.call('HGET', job, 'state')
@@ -19,12 +22,12 @@ if not TERMINAL[state] then
   redis.call('ZREM', ended_index, id)
   return { 'not_ended', state }
 end
-if redis.call('HEXISTS', job, 'events_from') == 1 then
+if redis.call('HEXISTS', job, 'events_trimmed') == 1 then
   redis.call('ZREM', ended_index, id)
   return { 'already_trimmed' }
 end
 -- "rev:end rev:end …": after revision rev the text was end bytes long (text deltas only).
-local offsets, size, last_rev, count = {}, 0, nil, 0
+local offsets, size, count = {}, 0, 0
 local cursor = '-'
 while true do
   local batch = redis.call('XRANGE', events, cursor, '+', 'COUNT', 500)
@@ -45,16 +48,24 @@ while true do
       size = size + #delta
       offsets[#offsets + 1] = rev .. ':' .. fmt(size)
     end
-    last_rev = rev
     count = count + 1
   end
   cursor = '(' .. batch[#batch][1]
 end
-if not last_rev then
+if size ~= redis.call('STRLEN', text) then
+  -- the stream does not account for the text: keep both rather than guess
   redis.call('ZREM', ended_index, id)
-  return { 'ok', '0' }
+  return { 'corrupt', 'events' }
 end
-redis.call('HSET', job, 'events_from', last_rev, 'text_offsets', table.concat(offsets, ' '))
-redis.call('XTRIM', events, 'MAXLEN', 1)
+redis.call('HSET', job, 'events_trimmed', redis.call('HGET', job, 'revision'),
+  'text_offsets', table.concat(offsets, ' '))
+redis.call('HDEL', job, 'lease_token', 'last_write', 'attempt_spent_base', 'attempt_text_base',
+  'attempt_hidden_bytes', 'exact_base', 'stalled_owner', 'failures', 'failing_since_ms')
+redis.call('DEL', events)
+if ARGV[3] ~= '' and size == tonumber(ARGV[2]) then
+  redis.call('SET', text, ARGV[3], 'KEEPTTL')
+elseif size > 0 then
+  redis.call('SET', text, redis.call('GET', text), 'KEEPTTL')
+end
 redis.call('ZREM', ended_index, id)
-return { 'ok', fmt(count - 1) }
+return { 'ok', fmt(count) }

@@ -26,6 +26,10 @@ def free_port() -> int:
         return port
 
 
+class PortTaken(RuntimeError):
+    """Another process listens on the port the server was to use."""
+
+
 class RedisServer:
     """A ``redis-server`` child process.
 
@@ -55,6 +59,7 @@ class RedisServer:
                 f"{binary} not found: install it (Debian: apt-get install redis-server)"
             )
         self.binary = found
+        self._port_chosen = port is None  # ours to change if another process takes it
         self.port = port or free_port()
         self._own_dir = directory is None
         self.directory = directory or Path(tempfile.mkdtemp(prefix="resumeq-redis-"))
@@ -129,6 +134,18 @@ class RedisServer:
         return args
 
     def start(self) -> RedisServer:
+        """Start it and wait until it answers; a port chosen here that another process
+        took meanwhile (free_port only finds one that was free) is chosen again."""
+        for tries_left in range(4, -1, -1):
+            try:
+                return self._start()
+            except PortTaken:
+                if not self._port_chosen or not tries_left:
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self) -> RedisServer:
         if self.process is not None and self.process.poll() is None:
             return self
         self.process = subprocess.Popen(
@@ -141,11 +158,15 @@ class RedisServer:
                 if self.process.poll() is not None:
                     log = self.directory / "redis.log"
                     tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
+                    self.process = None
+                    if "Address already in use" in tail:
+                        raise PortTaken(f"port {self.port} is taken")
                     raise RuntimeError(f"redis-server exited at start: {tail}")
                 try:
-                    if client.ping():
+                    # the server answering must be ours, not one that had the port first
+                    if client.info("server")["process_id"] == self.process.pid:
                         return self
-                except (redis.ConnectionError, redis.BusyLoadingError):
+                except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
                     pass
                 if time.monotonic() > deadline:
                     self.stop()
@@ -166,8 +187,9 @@ class RedisServer:
             proc.wait(timeout=timeout_s)
 
     def restart(self) -> None:
+        """Stop and start it again on the same port (its clients' URL stays right)."""
         self.stop()
-        self.start()
+        self._start()
 
     def close(self) -> None:
         self.stop()

@@ -53,6 +53,7 @@ bench: $(STAMP) redis-server
 	$(BIN)/python benchmarks/throughput.py --jobs 100 --repeats 1
 	$(BIN)/python benchmarks/memory.py --streams 6
 	$(BIN)/python benchmarks/splice_corpus.py --seeds 1 --cuts 100
+	$(BIN)/python benchmarks/footprint.py --jobs 5
 
 soak: $(STAMP) redis-server
 	$(BIN)/python benchmarks/chaos.py

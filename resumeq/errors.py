@@ -5,6 +5,7 @@ into resumeq, and never leak past that boundary::
 
     ResumeqError
     ├── ConfigError                 a settings file or variable is wrong
+    ├── JobFailed                   an attempt's RQ job, for a job resumeq failed
     ├── InvalidSpec                 a JobSpec was refused; .errors names every field
     ├── ProviderError               a provider call failed; .retry_after, .status, .body
     │   ├── RetryableProviderError  before any token; safe to send again after a wait
@@ -48,6 +49,12 @@ class ResumeqError(Exception):
 
 class ConfigError(ResumeqError):
     """A configuration file, profile or environment variable is invalid."""
+
+
+class JobFailed(ResumeqError):
+    """Raised by an attempt's RQ job when resumeq failed the job (a 401, an unknown
+    provider, a record that cannot be read back): RQ's failed registry then holds exactly
+    the attempts whose job needs a person, with the reason."""
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,17 @@ Each sweep:
 
 1. reaps every job whose lease deadline has passed (atomically: one janitor wins each
    job), asks the gate with a ``worker_died`` cut, and requeues a continuation, spills,
-   abandons or fails it — writing the dead attempt's ledger record;
+   abandons or fails it — writing the dead attempt's ledger record — and settles the dead
+   attempt's RQ job: failed with the reason if the job failed, else canceled (handed on);
 2. carries out outbox entries their committer left behind (it died between a commit and
-   what must follow it: the next attempt's enqueue with its due time, the hooks);
+   what must follow it: the next attempt's enqueue with its due time, the hooks), and
+   forgets outboxes that expired with their job;
 3. finds ``queued`` jobs whose RQ job has vanished (an RQ job that failed before it could
    acquire, one a dying worker dequeued) and enqueues them again;
-4. keeps RQ's own started/failed registries tidy, so ``rq info`` tells the truth.
+4. enqueues delayed attempts RQ's scheduler is late with;
+5. removes the events stream of jobs that ended ``[store] events_grace_s`` ago (their
+   followers read the text instead), storing the text compactly;
+6. keeps RQ's own started/failed registries tidy, so ``rq info`` tells the truth.
 
 Several janitors may run at once. A failure on one job is logged and the sweep goes on.
 """
@@ -46,8 +51,8 @@ from resumeq.queueing import (
     discard_attempt,
     enqueue_attempt,
     enqueue_overdue,
-    fail_dead_attempt,
     rq_queue,
+    settle_dead_attempt,
 )
 from resumeq.store import SPILL_QUEUE, redis_errors
 
@@ -73,7 +78,7 @@ class SweepReport:
     requeued: list[str] = field(default_factory=list)
     #: Jobs whose outbox this sweep carried out.
     followed_up: list[str] = field(default_factory=list)
-    #: Ended jobs whose events stream this sweep trimmed to the terminal entry.
+    #: Ended jobs whose events stream this sweep removed (their text kept compactly).
     trimmed: list[str] = field(default_factory=list)
     outcomes: dict[str, str] = field(default_factory=dict)
     errors: int = 0
@@ -240,8 +245,11 @@ class Janitor:
         except WriteRefused as exc:
             log.info("job %s changed while being reaped: %s", job_id, exc)
             return None
-        reason = f"resumeq: lease expired, worker presumed dead; job {outcome} by {self.name}"
-        fail_dead_attempt(self.ctx.redis, job_id, record.attempt, reason)
+        failed = None
+        if outcome == JobState.FAILED.value:
+            error = self.store.get(job_id).error
+            failed = f"resumeq failed job {job_id} after its worker died: {error}"
+        settle_dead_attempt(self.ctx.redis, job_id, record.attempt, failed=failed)
         return outcome
 
     def _count_dead_attempt(self, lease: Lease, record: JobRecord, text_bytes: int) -> int:

@@ -59,8 +59,18 @@ def status_dict(store: Store, job_id: str) -> dict[str, Any]:
         "updated_ms": record.updated_ms,
         "finished_ms": record.finished_ms,
         "lease": lease,
-        "summary": summary(ledger),
+        "summary": _job_summary(record, ledger),
     }
+
+
+def _job_summary(record: JobRecord, ledger: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ledger's totals; not complete while an attempt is in flight (its record is not
+    written yet) or while any recorded bill is only a lower bound."""
+    out = summary(ledger)
+    in_flight = record.state in (JobState.RUNNING, JobState.STALLED)
+    out["attempt_in_flight"] = in_flight
+    out["counts_complete"] = out["counts_complete"] and not in_flight
+    return out
 
 
 def all_job_ids(store: Store, *, batch: int = 500) -> list[str]:

@@ -16,10 +16,10 @@ from datetime import UTC, datetime
 
 import redis
 from rq import Queue
-from rq.exceptions import DuplicateJobError, NoSuchJobError
+from rq.exceptions import DuplicateJobError, InvalidJobOperation, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.job_lifecycle import record_job_failure
-from rq.registry import ScheduledJobRegistry, StartedJobRegistry
+from rq.registry import CanceledJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from resumeq.store import check_queue
@@ -130,21 +130,56 @@ def attempt_pending(connection: redis.Redis, job_id: str, attempt: int) -> bool:
     return True
 
 
-def fail_dead_attempt(connection: redis.Redis, job_id: str, attempt: int, reason: str) -> bool:
-    """Mark a dead attempt's RQ job failed now and take it out of RQ's started registry,
-    so ``rq info`` and dashboards tell the truth without waiting for RQ's own cleanup."""
+#: What an attempt's RQ job answers when another attempt (or nobody) goes on with its job
+#: and the attempt did not finish its work: RQ keeps it among the canceled, neither
+#: finished nor failed.
+SUPERSEDED_OUTCOMES = frozenset({"cancelled", "lost"})
+
+
+def is_attempt(job: Job) -> bool:
+    return job.func_name == ATTEMPT_FUNC
+
+
+def mark_superseded(job: Job) -> bool:
+    """Move an attempt's RQ job to RQ's canceled registry (from wherever it is: started,
+    finished, failed), so ``rq info`` counts it neither finished nor failed. Answers
+    whether it moved."""
+    try:
+        job.cancel()
+    except InvalidJobOperation:  # canceled already
+        return False
+    return True
+
+
+def settle_dead_attempt(
+    connection: redis.Redis, job_id: str, attempt: int, *, failed: str | None
+) -> bool:
+    """The RQ job of an attempt whose worker died, once a janitor has decided what becomes
+    of the job: RQ-failed with the reason ``failed`` when resumeq failed the job (it needs
+    a person), else canceled — the attempt was handed on, which is no failure. Takes it out
+    of RQ's started registry either way, so ``rq info`` and dashboards tell the truth
+    without waiting for RQ's own cleanup (which would call it failed). Answers whether it
+    changed anything."""
     try:
         job = Job.fetch(
             attempt_rq_id(job_id, attempt), connection=connection, serializer=JSONSerializer
         )
     except NoSuchJobError:
         return False
-    if job.get_status(refresh=False) != JobStatus.STARTED:
+    status = job.get_status(refresh=False)
+    if failed is None:
+        return status in (JobStatus.STARTED, JobStatus.FAILED) and mark_superseded(job)
+    if status not in (JobStatus.STARTED, JobStatus.CANCELED):
         return False
-    registry = StartedJobRegistry(job.origin, connection=connection, serializer=JSONSerializer)
     with connection.pipeline() as pipe:
-        registry.remove_executions(job, pipeline=pipe)
-        record_job_failure(job, reason, pipe)
+        if status == JobStatus.STARTED:
+            registry = StartedJobRegistry(job.origin, connection=connection,
+                                          serializer=JSONSerializer)  # fmt: skip
+            registry.remove_executions(job, pipeline=pipe)
+        else:
+            CanceledJobRegistry(job.origin, connection=connection,
+                                serializer=JSONSerializer).remove(job, pipeline=pipe)  # fmt: skip
+        record_job_failure(job, failed, pipe)
         pipe.execute()
     return True
 

@@ -6,30 +6,48 @@ for long jobs; resumeq's lease, not RQ's job timeout, is what detects a dead wor
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
 
 import redis
-from rq import Worker
+from rq import Queue, Worker
+from rq.executions import Execution
+from rq.job import Job
+from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 import resumeq.worker  # noqa: F401 - loaded once here, not in every forked attempt
 from resumeq.context import preload
 from resumeq.errors import ConfigError
+from resumeq.gate import BACKOFF_CAP_S
 from resumeq.hooks import import_hook_modules
-from resumeq.queueing import rq_queue
+from resumeq.queueing import (
+    SUPERSEDED_OUTCOMES,
+    enqueue_overdue,
+    is_attempt,
+    mark_superseded,
+    rq_queue,
+)
 from resumeq.settings import Settings
-from resumeq.store import redis_errors
+from resumeq.store import decode, redis_errors
+
+#: How RQ's exception string for a work horse that died begins.
+_HORSE_DIED = "Work-horse terminated unexpectedly"
 
 
 class ResumeqWorker(Worker):
-    """RQ's forking worker, with two changes.
+    """RQ's forking worker, with three changes.
 
     It is back within two seconds of Redis coming back: RQ's own backoff between failed
     dequeues doubles up to a minute, which after a Redis restart left queued attempts
     waiting long after every lease-holding worker had recovered. And it tolerates
     Redis-compatible servers whose ``CLIENT INFO`` reply redis-py cannot parse (the
-    embedded Redis of ``resumeq demo`` among them).
+    embedded Redis of ``resumeq demo`` among them). And its registries say what became of
+    each attempt (below).
     """
 
     max_connection_wait_time = 2.0
@@ -39,6 +57,46 @@ class ResumeqWorker(Worker):
             super()._set_ip_address(connection)
         except ValueError:
             self.ip_address = "unknown"
+
+    # RQ's registries as operators read them (``rq info``): an attempt whose job resumeq
+    # failed is failed, with the reason (the job function raises JobFailed); an attempt
+    # whose job was cancelled, or that was fenced out, is canceled; one whose work horse
+    # died is canceled too — its lease expires and a janitor hands the job on (or fails
+    # it, and then fails this RQ job with the reason). Everything else is finished: an
+    # attempt that was cut and handed its job on did its work.
+
+    def handle_job_success(
+        self,
+        job: Job,
+        queue: Queue,
+        started_job_registry: StartedJobRegistry,
+        execution: Execution,
+    ) -> None:
+        super().handle_job_success(job, queue, started_job_registry, execution)
+        if is_attempt(job) and job.return_value() in SUPERSEDED_OUTCOMES:
+            mark_superseded(job)
+
+    def handle_job_failure(
+        self,
+        job: Job,
+        queue: Queue,
+        started_job_registry: StartedJobRegistry | None = None,
+        exc_string: str = "",
+        execution: Execution | None = None,
+    ) -> None:
+        if not (is_attempt(job) and exc_string.startswith(_HORSE_DIED)):
+            super().handle_job_failure(job, queue, started_job_registry, exc_string, execution)
+            return
+        self.log.warning(
+            "Worker %s: attempt %s died (%s): a janitor hands its job on once the lease expires",
+            self.name,
+            job.id,
+            exc_string.rstrip("; "),
+        )
+        with self.connection.pipeline() as pipe:
+            self.cleanup_execution(job, pipeline=pipe, execution=execution)
+            pipe.execute()
+        mark_superseded(job)
 
 
 def make_worker(settings: Settings, queues: Sequence[str] = ()) -> ResumeqWorker:
@@ -78,7 +136,46 @@ def missing_api_keys(
 
 
 def run_worker(settings: Settings, queues: Sequence[str] = (), *, burst: bool = False) -> int:
-    """Run a worker until it is told to stop (or, with ``burst``, until the queues are empty)."""
+    """Run a worker until it is told to stop; with ``burst``, until the queues are empty
+    and no attempt waits on them that falls due within the longest backoff resumeq would
+    choose (:data:`~resumeq.gate.BACKOFF_CAP_S`): a retry it scheduled is waited for and
+    run, not left behind. What is scheduled later still is logged, one line each."""
     worker = make_worker(settings, queues)
     worker.work(burst=burst, with_scheduler=True, logging_level="INFO")
+    while burst:
+        scheduled = scheduled_on(worker.queues)
+        if not scheduled:
+            break
+        due_s = min(at for _, _, at in scheduled)
+        wait_s = due_s - time.time()
+        if wait_s > BURST_WAIT_S:
+            for queue, rq_id, at in scheduled:
+                worker.log.warning(
+                    "burst: leaving %s on queue %s, scheduled in %.0f s (at %s)",
+                    rq_id, queue.name, at - time.time(),
+                    datetime.fromtimestamp(at, tz=UTC).isoformat(timespec="seconds"),
+                )  # fmt: skip
+            break
+        worker.log.info(
+            "burst: waiting %.1f s for %d scheduled attempt(s)", max(0.0, wait_s), len(scheduled)
+        )
+        time.sleep(max(0.0, wait_s))
+        for queue in worker.queues:
+            enqueue_overdue(queue, math.floor(time.time()))
+        worker = make_worker(settings, queues)
+        worker.work(burst=True, with_scheduler=True, logging_level="INFO")
     return 0
+
+
+#: The longest a burst worker waits for a scheduled attempt to fall due.
+BURST_WAIT_S = BACKOFF_CAP_S
+
+
+def scheduled_on(queues: Sequence[Queue]) -> list[tuple[Queue, str, float]]:
+    """``(queue, RQ job id, due as epoch seconds)`` of every job scheduled on ``queues``."""
+    found: list[tuple[Queue, str, float]] = []
+    for queue in queues:
+        registry = ScheduledJobRegistry(queue=queue)  # type: ignore[no-untyped-call]
+        pairs: Any = queue.connection.zrange(registry.key, 0, -1, withscores=True)
+        found += [(queue, decode(rq_id), float(score)) for rq_id, score in pairs]
+    return found

@@ -179,7 +179,7 @@ class StoreSettings(BaseModel):
     #: long.
     retention_s: int = Field(default=7 * 24 * 3600, gt=0)
     #: After a job ends, its followers have this long to read its events stream; then the
-    #: janitor trims it to the terminal entry (the text is kept once, in the text key, and
+    #: janitor removes it (the text is kept once, compactly, in the text key, and
     #: a follower that comes later reads it there).
     events_grace_s: float = Field(default=60.0, ge=0)
 

@@ -441,10 +441,10 @@ class Store:
 
     def trim_events(self, job_id: str) -> int:
         """Remove an ended job's events stream, keeping in the job hash where each text
-        delta ended so a late follower reads the rest from the text; store the text at its
-        exact size and drop what only a running job needs. Answers how many entries were
-        removed (0 when there was nothing to trim: the job is gone, not ended, or trimmed
-        already)."""
+        delta ended so a late follower reads the rest from the text; store the text again,
+        compressed when that is smaller (else at its exact size), and drop what only a
+        running job needs. Answers how many entries were removed (0 when there was nothing
+        to trim: the job is gone, not ended, or trimmed already)."""
         job_keys = [keys.job(job_id), keys.events(job_id), keys.text(job_id), keys.ENDED]
         raw = self._read("text", lambda r: r.get(keys.text(job_id))) or b""
         raw = raw.encode() if isinstance(raw, str) else raw

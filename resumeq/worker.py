@@ -29,6 +29,7 @@ from resumeq.errors import (
     FatalProviderError,
     InvalidTransition,
     JobCancelled,
+    JobFailed,
     JobNotFound,
     LeaseLost,
     ProviderError,
@@ -92,10 +93,21 @@ class _Call:
 
 
 def run_attempt(job_id: str) -> str:
-    """The RQ job function of one attempt."""
+    """The RQ job function of one attempt. Answers what became of the job; raises
+    :class:`~resumeq.errors.JobFailed` when resumeq failed it, so that RQ counts the
+    attempt failed, with the reason, exactly when the job needs a person (a cut that was
+    handed on is an attempt that did its work)."""
     rq_job = get_current_job()
     from_spill = rq_job is not None and rq_job.origin == SPILL_QUEUE
-    return AttemptRunner(context()).run(job_id, from_spill=from_spill)
+    ctx = context()
+    outcome = AttemptRunner(ctx).run(job_id, from_spill=from_spill)
+    if outcome == "failed":
+        try:
+            error = ctx.store.get(job_id).error
+        except ResumeqError:
+            error = None
+        raise JobFailed(f"resumeq failed job {job_id}: {error or 'no reason recorded'}")
+    return outcome
 
 
 class AttemptRunner:
@@ -114,7 +126,8 @@ class AttemptRunner:
             # Not queued (cancelled, already running elsewhere, gone): a duplicate or stale
             # RQ job. Nothing to do, and nothing was paid for.
             log.info("job %s: attempt not started: %s", job_id, exc)
-            return "skipped"
+            cancelled = isinstance(exc, InvalidTransition) and exc.state == "cancelled"
+            return "cancelled" if cancelled else "skipped"
         except CorruptRecord as exc:
             # Edited by hand: nothing of it can be trusted, and nothing was paid for.
             log.warning("job %s cannot be read back, marking it failed: %s", job_id, exc)
@@ -125,7 +138,7 @@ class AttemptRunner:
         except (WriteRefused, JobNotFound) as exc:
             # Fenced out, cancelled, or purged meanwhile: nothing more may be written.
             log.warning("job %s: stopped, %s", job_id, exc)
-            return "lost"
+            return "cancelled" if isinstance(exc, JobCancelled) else "lost"
 
     def _take_from_spill(self, job_id: str) -> None:
         """A worker pool serving the spill lane takes spilled jobs on purpose."""

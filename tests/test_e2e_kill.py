@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from e2e_support import World, make_world, tokens
 from rq.job import Job, JobStatus
-from rq.registry import StartedJobRegistry
+from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from resumeq.fake import FakeProvider
@@ -56,10 +56,12 @@ def test_sigkill_mid_stream_resumes_on_another_worker(world: World) -> None:
     assert tokens(text) <= billed <= tokens(text) + 8  # at most one flush interval lost
     resumed = world.requests_for(prompt)[-1]
     assert resumed["is_continuation"] and resumed["body"]["max_tokens"] == 2000 - killed_at
-    # RQ's own view agrees: the dead attempt failed, nothing is left "started".
+    # RQ's own view agrees: the dead attempt was handed on — canceled, not failed (the job
+    # needs nobody) — and nothing is left "started".
     connection = world.store.redis
     dead = Job.fetch(attempt_rq_id(job_id, 1), connection=connection, serializer=JSONSerializer)
-    assert dead.get_status() == JobStatus.FAILED
+    assert dead.get_status() == JobStatus.CANCELED
+    assert FailedJobRegistry("resumeq", connection=connection).get_job_ids() == []
     assert StartedJobRegistry("resumeq", connection=connection).get_job_ids() == []
     finished = Job.fetch(attempt_rq_id(job_id, 2), connection=connection, serializer=JSONSerializer)
     assert finished.get_status() == JobStatus.FINISHED

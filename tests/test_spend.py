@@ -13,7 +13,7 @@ from worker_support import attempt_runner, run_to_rest
 
 from resumeq import ops
 from resumeq.fake import FakeProvider
-from resumeq.ledger import summary
+from resumeq.ledger import AttemptRecord, summary
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import wait_for
@@ -48,7 +48,7 @@ def test_a_cancelled_attempt_records_what_it_was_billed(
     canceller = threading.Thread(target=cancel_soon)
     canceller.start()
     with attempt_runner(redis_server.url, {"p": profile(fake)}) as runner:
-        assert runner.run(job_id) == "lost"
+        assert runner.run(job_id) == "cancelled"
     canceller.join()
     billed = sum(e["output_tokens_billed"] for e in fake.journal(settle_s=2))
     (attempt,) = real_store.ledger(job_id)
@@ -106,3 +106,12 @@ def test_an_attempt_in_flight_makes_the_counts_incomplete(real_store: Store) -> 
     assert not info["counts_complete"]
     # In flight, an attempt is in neither total: persisted never runs ahead of billed.
     assert info["output_tokens_persisted"] == info["output_tokens_billed"] == 0
+    summary = ops.status_dict(real_store, job_id)["summary"]
+    assert summary["attempt_in_flight"] and not summary["counts_complete"]
+    real_store.finish(got.lease, state="done", finish_reason="stop", ledger=AttemptRecord(
+        attempt=1, kind="fresh", worker="w1", outcome="done", output_tokens=3,
+        output_tokens_persisted=3, counts_exact=True, count_source="usage",
+    ).to_json_dict())  # fmt: skip
+    summary = ops.status_dict(real_store, job_id)["summary"]
+    assert not summary["attempt_in_flight"] and summary["counts_complete"]
+    assert ops.stats(real_store)["counts_complete"]

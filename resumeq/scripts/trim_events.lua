@@ -9,7 +9,7 @@
 -- ARGV[1] job id   ARGV[2] the text's length the caller read
 -- ARGV[3] that text compressed ('' to store it as it is)
 -- Answers: {'ok', entries removed} | {'not_found'} | {'not_ended', state}
---   | {'already_trimmed'}
+--   | {'already_trimmed'} | {'corrupt', 'events'} (the stream does not add up to the text)
 local job, events, text, ended_index = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
 

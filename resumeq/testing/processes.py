@@ -85,6 +85,11 @@ class Proc:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
+    def wait(self, timeout: float) -> int:
+        """Wait for it to exit; answers its exit status (``TimeoutExpired`` after
+        ``timeout`` seconds, and it is left running for the caller to stop)."""
+        return self.popen.wait(timeout=timeout)
+
     def signal_group(self, sig: int) -> None:
         """Signal the process, its group and every descendant (work horses included)."""
         for pid in [*descendants(self.pid), self.pid]:
@@ -128,6 +133,10 @@ class Cluster:
             "PYTHONUNBUFFERED": "1",
         }
         self.procs: list[Proc] = []
+
+    def command(self, *args: str) -> Proc:
+        """``resumeq ARGS…`` as a process of the cluster (stopped with it)."""
+        return self._start(args[0] if args else "resumeq", *args)
 
     def _start(self, name: str, *args: str) -> Proc:
         log = self.directory / f"{name}-{len(self.procs)}.log"

@@ -5,6 +5,7 @@ all through the console script as a real process."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import redis
@@ -34,6 +35,7 @@ def spill_one(
     got = store.acquire(job_id, worker="w", ttl_ms=5000)
     store.flush(got.lease, expected_revision=1, delta=text, tokens=3)
     store.release(got.lease, to="spilled", reason=reason)
+    time.sleep(0.002)  # the next one spills a millisecond later: the index orders by time
     return job_id
 
 
@@ -196,7 +198,10 @@ def test_a_requeued_job_starts_a_new_run_of_failures(
 def test_jobs_by_state_from_the_indexes(redis_server: RedisServer, real_store: Store) -> None:
     url = redis_server.url
     spec = {"prompt": "hi", "provider": "local", "model": "m", "budget_tokens": 100}
-    queued = [real_store.create(spec, queue=q).id for q in ("default", "bulk", "bulk")]
+    queued = []
+    for q in ("default", "bulk", "bulk"):  # a millisecond apart: the index orders by time
+        queued.append(real_store.create(spec, queue=q).id)
+        time.sleep(0.002)
     running = real_store.create(spec).id
     real_store.acquire(running, worker="w1", ttl_ms=5000)
     spilled = spill_one(real_store, reason="r")

@@ -264,11 +264,12 @@ def test_status_of_a_running_job_shows_its_lease(
     lines = status_lines(job_id, redis_server.url)
     assert "reason" not in lines
     (lease,) = lines["lease"]
-    assert re.fullmatch(r"held by worker-7 \(attempt 1\), expires in (59|60)\.\d s", lease), lease
+    m = re.fullmatch(r"held by worker-7 \(attempt 1\), expires in (\d+\.\d) s", lease)
+    assert m and 40 < float(m.group(1)) <= 60, lease  # a loaded machine starts the CLI slowly
 
     info = json.loads(run("status", job_id, "--json", url=redis_server.url).stdout)
     assert info["lease"]["holder"] == "worker-7" and info["lease"]["attempt"] == 1
-    assert 55_000 < info["lease"]["expires_in_ms"] <= 60_000
+    assert 40_000 < info["lease"]["expires_in_ms"] <= 60_000
     real_store.finish(got.lease, state="done", finish_reason="stop")
     info = json.loads(run("status", job_id, "--json", url=redis_server.url).stdout)
     assert info["lease"] is None

@@ -17,6 +17,7 @@ import httpx
 import redis
 
 from resumeq.connection import connect
+from resumeq.heartbeat import LeaseKeeper
 from resumeq.settings import Settings, load_settings
 from resumeq.store import Store
 
@@ -30,6 +31,14 @@ class WorkerContext:
     #: Who this process is, in fencing tokens and ledger records.
     name: str
     pid: int
+    #: Keeps the leases of every attempt this process runs (one thread, started on use).
+    leases: LeaseKeeper
+
+    def close(self) -> None:
+        """Stop renewing leases, close the HTTP client and the Redis connections."""
+        self.leases.close()
+        self.http.close()
+        self.redis.close()
 
 
 _CURRENT: WorkerContext | None = None
@@ -74,6 +83,7 @@ def build_context(settings: Settings) -> WorkerContext:
         http=httpx.Client(verify=_SSL_CONTEXT or True),
         name=worker_name(),
         pid=os.getpid(),
+        leases=LeaseKeeper(store),
     )
 
 

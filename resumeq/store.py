@@ -581,10 +581,35 @@ class Store:
     def renew(self, lease: Lease) -> Lease:
         """Extend the lease by its TTL; refused once it is lost or the job cancelled."""
         job_id = lease.job_id
-        job_keys = [keys.job(job_id), keys.lease(job_id), keys.LEASES]
-        status, *rest = self._run("renew", job_keys, [lease.token, lease.ttl_ms], job_id)
+        status, *rest = self._run("renew", _renew_keys(job_id), [lease.token, lease.ttl_ms], job_id)
+        return self._renewed(lease, [_s(status), *rest])
+
+    def renew_many(self, leases: Sequence[Lease]) -> list[Lease | StoreError]:
+        """Renew many leases in one round trip (a pipeline, not a transaction): for each,
+        the extended lease, or the error :meth:`renew` would have raised. Redis out of
+        reach is raised, for all of them."""
+        if not leases:
+            return []
+        with redis_errors("renew"), self.redis.pipeline(transaction=False) as pipe:
+            for lease in leases:
+                self._scripts.queue(pipe, "renew", _renew_keys(lease.job_id),
+                                    [lease.token, lease.ttl_ms])  # fmt: skip
+            replies = pipe.execute(raise_on_error=False)
+        out: list[Lease | StoreError] = []
+        for lease, reply in zip(leases, replies, strict=True):
+            try:
+                if isinstance(reply, Exception):
+                    with redis_errors("renew"):
+                        raise reply
+                out.append(self._renewed(lease, [_s(reply[0]), *reply[1:]]))
+            except StoreError as exc:
+                out.append(exc)
+        return out
+
+    def _renewed(self, lease: Lease, reply: list[Any]) -> Lease:
+        status, *rest = reply
         if status != "ok":
-            self._refused(status, rest, job_id, "renew")
+            self._refused(status, rest, lease.job_id, "renew")
         return lease.model_copy(update={"deadline_ms": int(rest[0])})
 
     def flush(
@@ -880,6 +905,10 @@ class Store:
         if status == "wrong_state":
             raise InvalidTransition(f"{op}: job {job_id} is {detail}", job_id=job_id, state=detail)
         raise StoreError(f"{op}: job {job_id}: unexpected script answer {status!r} {detail}")
+
+
+def _renew_keys(job_id: str) -> list[str]:
+    return [keys.job(job_id), keys.lease(job_id), keys.LEASES]
 
 
 def _ending_keys(job_id: str) -> list[str]:

@@ -42,7 +42,6 @@ from resumeq.errors import (
 )
 from resumeq.exits import apply_decision
 from resumeq.gate import Cut, Decision, JobView, decide, pacing
-from resumeq.heartbeat import Heartbeat
 from resumeq.ledger import AttemptRecord
 from resumeq.models import JobRecord, JobState, Lease
 from resumeq.providers import (
@@ -305,9 +304,9 @@ class AttemptRunner:
             for stream in opened:
                 stream.close()
 
-        heartbeat = Heartbeat(
-            self.store, ckpt.lease, on_lost=on_lost, confirmed=lambda: ckpt.lease_confirmed
-        ).start()
+        heartbeat = self.ctx.leases.hold(
+            ckpt.lease, on_lost=on_lost, confirmed=lambda: ckpt.lease_confirmed
+        )
         count = Count(0, False, "estimate")
         result = StreamResult(Cut(kind="stream_cut"))
         try:
@@ -322,7 +321,7 @@ class AttemptRunner:
             for stream in opened:
                 stream.close()
         finally:
-            heartbeat.stop()
+            heartbeat.release()
         if lost.is_set() and result.lost is None:
             result.lost = heartbeat.lost or LeaseLost("lease lost", job_id=ckpt.lease.job_id)
         return result, count

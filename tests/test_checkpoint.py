@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any
 
 import pytest
@@ -13,7 +11,6 @@ from hypothesis import strategies as st
 from resumeq import keys
 from resumeq.checkpoint import Checkpointer
 from resumeq.errors import LeaseLost, RedisUnavailable
-from resumeq.heartbeat import Heartbeat
 from resumeq.models import Acquired, FlushResult, Lease
 from resumeq.store import Store
 
@@ -152,23 +149,6 @@ def test_a_lost_reply_is_not_written_twice(redis_client: Any) -> None:
     ck.add(" more", 1, exact=True)  # the retry sees revision + 1 and our lease: applied
     assert store.text(got.lease.job_id) == "once more"
     assert store.get(got.lease.job_id).spent_output_tokens == 2
-
-
-@pytest.mark.timeout(10)
-def test_heartbeat_renews_and_reports_a_cancel(real_store: Store) -> None:
-    got = started(real_store, ttl_ms=300)
-    lost = threading.Event()
-    beat = Heartbeat(
-        real_store, got.lease, on_lost=lambda exc: lost.set(), confirmed=lambda: 0.0
-    ).start()
-    try:
-        time.sleep(0.8)  # well past the TTL: only renewals keep the lease
-        assert real_store.redis.pttl(keys.lease(got.lease.job_id)) > 0
-        assert not lost.is_set()
-        real_store.cancel(got.lease.job_id)
-        assert lost.wait(2)
-    finally:
-        beat.stop()
 
 
 @settings(

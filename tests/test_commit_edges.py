@@ -160,8 +160,7 @@ def test_a_half_moved_scheduled_attempt_is_repaired(
     try:
         assert Janitor(ctx).sweep().requeued == [job_id]
     finally:
-        ctx.http.close()
-        ctx.redis.close()
+        ctx.close()
     assert attempt_pending(real_store.redis, job_id, 1)
 
 

@@ -45,8 +45,7 @@ def ctx(redis_server: RedisServer, redis_client: redis.Redis) -> Iterator[Worker
     try:
         yield context
     finally:
-        context.http.close()
-        context.redis.close()
+        context.close()
 
 
 CALLS: list[str] = []

@@ -106,8 +106,7 @@ def test_a_dead_workers_chunk_count_is_raised_to_an_estimate(
         time.sleep(0.2)
         assert Janitor(ctx).sweep().outcomes == {job_id: "queued"}
     finally:
-        ctx.http.close()
-        ctx.redis.close()
+        ctx.close()
     record = real_store.get(job_id)
     assert record.spent_output_tokens == 90 and not record.counts_exact  # 180 bytes / 2
     (entry,) = real_store.ledger(job_id)

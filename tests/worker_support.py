@@ -40,8 +40,7 @@ def attempt_runner(
     try:
         yield AttemptRunner(ctx)
     finally:
-        ctx.http.close()
-        ctx.redis.close()
+        ctx.close()
 
 
 def run_to_rest(runner: AttemptRunner, job_id: str, *, max_attempts: int = 6) -> JobRecord:

@@ -13,6 +13,7 @@ from importlib import resources
 from typing import Any
 
 import redis
+from redis.client import Pipeline
 from redis.commands.core import Script
 
 NAMES = (
@@ -53,6 +54,12 @@ class Scripts:
         self._scripts: dict[str, Script] = {
             name: client.register_script(src) for name, src in SOURCES.items()
         }
+
+    def queue(
+        self, pipe: Pipeline, name: str, keys: list[str], args: Sequence[str | int | bytes]
+    ) -> None:
+        """Add a run of script ``name`` to ``pipe`` (its reply comes with the others')."""
+        self._scripts[name](keys=keys, args=args, client=pipe)
 
     def run(self, name: str, keys: list[str], args: Sequence[str | int | bytes]) -> list[Any]:
         """Run script ``name``; answers its reply table (bytes elements)."""

@@ -1,25 +1,32 @@
 """What the benchmarks share: plain RQ workers for the baseline, enqueueing its jobs, the
-fake provider's journal totals, Redis command counts and process memory.
+fake provider's journal totals, Redis command counts, process memory and CPU, the fake
+provider as a process of its own, and the concurrent resumeq worker.
 
 Everything here starts real processes and leaves stopping them to the caller's ``Cluster``
-(they are appended to ``cluster.procs``, stopped by PID).
+(they are appended to ``cluster.procs``, stopped by PID), or is a context manager that
+stops its process by PID on the way out (:class:`FakeProcess`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Self
 
+import httpx
 import redis
 from rq import Queue, Retry
 from rq.registry import FailedJobRegistry, FinishedJobRegistry
 from rq.serializers import JSONSerializer
+from rq.worker_registration import REDIS_WORKER_KEYS
 
+from resumeq.testing import free_port
 from resumeq.testing.processes import Cluster, Proc, descendants
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -127,3 +134,131 @@ def family(pid: int) -> list[int]:
 
 def median(values: Iterable[float], digits: int = 3) -> float:
     return round(statistics.median(list(values)), digits)
+
+
+def family_pss_kb(pid: int) -> int:
+    """PSS of a process and every process below it (a worker, its scheduler, its horses)."""
+    return sum(pss_kb(p) for p in family(pid))
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user and system, every thread) one process has used, with those of its
+    children it has reaped (``/proc/PID/stat`` utime, stime, cutime, cstime); 0 once gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / _TICKS
+
+
+def family_cpu_s(pid: int) -> float:
+    """:func:`cpu_s` of a process and of every live process below it."""
+    return sum(cpu_s(p) for p in family(pid))
+
+
+def concurrent_worker(cluster: Cluster, queue: str, concurrency: int) -> Proc:
+    """One ``resumeq worker --concurrency N`` process serving ``queue``."""
+    return cluster.command("worker", "--concurrency", str(concurrency), "--queues", queue)
+
+
+def forking_worker(cluster: Cluster, queue: str) -> Proc:
+    """The fork model: RQ's forking worker with resumeq's registry rules (``rq worker -w
+    resumeq.rq_worker.ForkingWorker``), one attempt at a time, each in a work horse."""
+    url = cluster.env["RESUMEQ_REDIS_URL"]
+    args = [sys.executable, "-m", "rq.cli", "worker", "-w", "resumeq.rq_worker.ForkingWorker"]
+    args += ["-S", "json", "-u", url, queue]
+    proc = Proc(args, env=cluster.env, log=cluster.directory / f"forking-{len(cluster.procs)}.log")
+    cluster.procs.append(proc)
+    return proc
+
+
+def rq_workers(connection: redis.Redis) -> int:
+    """RQ workers registered (what a worker adds once it is ready to dequeue)."""
+    return int(connection.scard(REDIS_WORKER_KEYS))
+
+
+class FakeProcess:
+    """The fake provider as a process of its own (``python -m resumeq fake-provider`` on a
+    free loopback port), so that its CPU neither shares the benchmark's GIL nor counts as
+    the benchmark's. Stopped by PID on exit. Its CPU comes from ``/proc`` (:meth:`cpu_s`:
+    the whole process, which does nothing but serve) and, where the provider reports it,
+    from ``GET /_fake/stats`` (:meth:`stats`: its own threads only)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        completion_tokens: int,
+        token_delay_ms: float,
+        env: Mapping[str, str],
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.openai_base_url = f"{self.url}/v1"
+        args = [sys.executable, "-m", "resumeq", "fake-provider", "--port", str(self.port)]
+        args += ["--completion-tokens", str(completion_tokens)]
+        args += ["--token-delay-ms", str(token_delay_ms)]
+        self.proc = Proc(args, env=env, log=directory / "fake-provider.log")
+        self.http = httpx.Client(base_url=self.url, timeout=60.0)
+
+    def __enter__(self) -> Self:
+        try:
+            wait_until(self._healthy, deadline=time.monotonic() + 30, interval_s=0.1,
+                       what="the fake provider")  # fmt: skip
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+        self.proc.stop()
+
+    def _healthy(self) -> bool:
+        if not self.proc.alive():
+            raise RuntimeError(f"the fake provider exited: {self.proc.output()[-2000:]}")
+        try:
+            return self.http.get("/_fake/health").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def journal(self) -> list[dict[str, Any]]:
+        response = self.http.get("/_fake/requests")
+        response.raise_for_status()
+        entries: list[dict[str, Any]] = response.json()
+        return entries
+
+    def reset(self) -> None:
+        self.http.post("/_fake/reset", json={}).raise_for_status()
+
+    def stats(self) -> dict[str, Any] | None:
+        """``GET /_fake/stats`` (the provider's own CPU seconds), or None where it has none."""
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            response = self.http.get("/_fake/stats")
+            if response.status_code == 200:
+                stats: dict[str, Any] = response.json()
+                return stats
+        return None
+
+    def cpu_s(self) -> float:
+        return family_cpu_s(self.proc.pid)
+
+    def streaming(self, min_tokens: int = 3) -> int:
+        """Requests it is sending tokens for right now (at least ``min_tokens`` out)."""
+        return sum(
+            1
+            for e in self.journal()
+            if e["outcome"] == "in_progress" and e["tokens_emitted"] >= min_tokens
+        )

@@ -18,10 +18,27 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 
-def connect(url: str, **options: Any) -> redis.Redis:
+def connect(
+    url: str, *, pool_size: int | None = None, pool_timeout_s: float = 5.0, **options: Any
+) -> redis.Redis:
     """A bytes-mode client for ``url`` that never re-sends a command by itself. Raises
-    ``ValueError`` for a URL redis-py cannot read."""
-    return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
+    ``ValueError`` for a URL redis-py cannot read.
+
+    With ``pool_size`` its pool holds at most that many connections, and a caller that
+    finds them all busy waits for one up to ``pool_timeout_s`` (then a ConnectionError):
+    a process with hundreds of threads never opens hundreds of connections."""
+    if pool_size is None:
+        return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0), **options)
+    pool = redis.BlockingConnectionPool.from_url(
+        url,
+        retry=Retry(NoBackoff(), 0),
+        max_connections=pool_size,
+        timeout=pool_timeout_s,
+        **options,
+    )
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True
+    return client
 
 
 def connect_async(url: str, **options: Any) -> redis.asyncio.Redis:

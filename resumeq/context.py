@@ -1,8 +1,10 @@
-"""What a worker process works with: settings, the store, Redis and an HTTP client.
+"""What a worker process works with: settings, the store, Redis and the HTTP clients.
 
-Built once per process from the environment (``RESUMEQ_REDIS_URL``, ``RESUMEQ_CONFIG``).
-RQ's forking worker runs each attempt in a child process: a child builds its own context
-(an HTTP connection pool must never be shared across a fork).
+Built once per process from the environment (``RESUMEQ_REDIS_URL``, ``RESUMEQ_CONFIG``) and
+shared by every attempt the process runs at once (:mod:`resumeq.concurrent`): one Redis
+pool and one HTTP client per provider profile, each bounded and sized from the worker's
+concurrency. A forked child (RQ's forking worker runs each attempt in one) builds its own
+context: an HTTP connection pool must never be shared across a fork.
 """
 
 from __future__ import annotations
@@ -11,15 +13,99 @@ import os
 import re
 import socket
 import ssl
-from dataclasses import dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import httpx
 import redis
 
 from resumeq.connection import connect
 from resumeq.heartbeat import LeaseKeeper
-from resumeq.settings import Settings, load_settings
+from resumeq.settings import ProviderProfile, Settings, load_settings
 from resumeq.store import Store
+
+
+class HttpClients:
+    """One HTTP client per provider profile (one TLS context, one connection pool each),
+    made on first use. A pool holds at most the profile's ``max_connections`` (by default
+    the worker's concurrency): a stream that finds every connection busy waits for one —
+    it never fails for it."""
+
+    def __init__(self, concurrency: int = 1, *, only: httpx.Client | None = None) -> None:
+        self.concurrency = concurrency
+        self._only = only
+        self._clients: dict[str, httpx.Client] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def only(cls, client: httpx.Client) -> HttpClients:
+        """Every profile uses ``client`` (tests answer some endpoints by hand)."""
+        return cls(only=client)
+
+    def get(self, name: str, profile: ProviderProfile) -> httpx.Client:
+        if self._only is not None:
+            return self._only
+        with self._lock:
+            client = self._clients.get(name)
+            if client is None:
+                size = profile.max_connections or self.concurrency
+                client = httpx.Client(
+                    verify=_SSL_CONTEXT or True,
+                    limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+                )
+                self._clients[name] = client
+            return client
+
+    def close(self) -> None:
+        with self._lock:
+            clients = [*self._clients.values(), *([self._only] if self._only else [])]
+            self._clients.clear()
+        for client in clients:
+            client.close()
+
+
+class Handoff:
+    """A worker's shutdown, as its attempts see it: once :meth:`begin` is called, every
+    attempt in flight (and any that starts after) stops streaming, makes what it received
+    durable and hands its job back to its queue at once (SPEC §16)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._stops: dict[int, Callable[[], None]] = {}
+        self._ids = iter(range(1, 1 << 62))
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def watch(self, stop: Callable[[], None]) -> int:
+        """Call ``stop`` (quick: close a socket) on :meth:`interrupt`; answers a token for
+        :meth:`unwatch`."""
+        with self._lock:
+            token = next(self._ids)
+            self._stops[token] = stop
+        return token
+
+    def unwatch(self, token: int) -> None:
+        with self._lock:
+            self._stops.pop(token, None)
+
+    def begin(self) -> int:
+        """Start the handoff: each stream stops after the event it is reading (what arrived
+        is kept: it was paid for); answers how many attempts were streaming."""
+        with self._lock:
+            self._event.set()
+            return len(self._stops)
+
+    def interrupt(self) -> int:
+        """Close every stream that has not stopped yet (one waiting on a provider that
+        sends nothing); answers how many."""
+        with self._lock:
+            stops = list(self._stops.values())
+        for stop in stops:
+            stop()
+        return len(stops)
 
 
 @dataclass
@@ -27,15 +113,16 @@ class WorkerContext:
     settings: Settings
     store: Store
     redis: redis.Redis
-    http: httpx.Client
+    http: HttpClients
     #: Who this process is, in fencing tokens and ledger records.
     name: str
     pid: int
     #: Keeps the leases of every attempt this process runs (one thread, started on use).
     leases: LeaseKeeper
+    handoff: Handoff = field(default_factory=Handoff)
 
     def close(self) -> None:
-        """Stop renewing leases, close the HTTP client and the Redis connections."""
+        """Stop renewing leases, close the HTTP clients and the Redis connections."""
         self.leases.close()
         self.http.close()
         self.redis.close()
@@ -59,28 +146,39 @@ def worker_name() -> str:
     return f"{host}-{os.getpid()}"
 
 
-def redis_client(settings: Settings) -> redis.Redis:
+def redis_pool_size(concurrency: int) -> int:
+    """Connections for ``concurrency`` attempts at once: a checkpoint holds one for a round
+    trip only, so a few dozen serve hundreds of streams; the lease keeper and a worker's own
+    bookkeeping need a few more."""
+    return min(concurrency, 32) + 4
+
+
+def redis_client(settings: Settings, *, concurrency: int = 1) -> redis.Redis:
     """A client that fails fast and never re-sends on its own: a Redis call that hangs
     would hold up the stream, and the checkpointer, the heartbeat and the store re-send
-    their writes themselves, recognisably, until the lease would have expired."""
+    their writes themselves, recognisably, until the lease would have expired. Its pool is
+    bounded (:func:`redis_pool_size`); a caller that finds every connection busy waits
+    for one, up to the same timeout."""
     timeout = max(1.0, settings.file.worker.lease_ttl_ms / 3000)
     return connect(
         settings.redis_url,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         health_check_interval=30,
+        pool_size=redis_pool_size(concurrency),
+        pool_timeout_s=timeout,
     )
 
 
-def build_context(settings: Settings) -> WorkerContext:
-    client = redis_client(settings)
+def build_context(settings: Settings, *, concurrency: int = 1) -> WorkerContext:
+    client = redis_client(settings, concurrency=concurrency)
     file = settings.file
     store = Store(client, settings=file.store, limits=file.limits)
     return WorkerContext(
         settings=settings,
         store=store,
         redis=client,
-        http=httpx.Client(verify=_SSL_CONTEXT or True),
+        http=HttpClients(concurrency),
         name=worker_name(),
         pid=os.getpid(),
         leases=LeaseKeeper(store),

@@ -39,6 +39,7 @@ Action = Literal["done", "retry", "resume", "abandon", "spill", "failed"]
 CutKind = Literal[
     "finished",  # the stream ended with a finish reason: not a cut at all
     "worker_died",  # the janitor found the lease expired
+    "handoff",  # the worker is shutting down: it hands the job on (SPEC §16)
     "retryable",  # 429, 529, 5xx, connect error: before any token
     "stream_cut",  # disconnect, truncation, malformed chunk, in-band error
     "stall",  # no bytes for stall_timeout_s
@@ -117,8 +118,8 @@ def backoff_s(attempt: int, jitter: float) -> float:
 def _delay(job: JobView, cut: Cut, jitter: float) -> float:
     if cut.retry_after_s is not None:
         return min(cut.retry_after_s, RETRY_AFTER_CAP_S)
-    if cut.kind == "worker_died" or job.progressed:
-        return 0.0  # the provider was working: continue at once
+    if cut.kind in ("worker_died", "handoff") or job.progressed:
+        return 0.0  # the provider was working (or the worker went away): continue at once
     return backoff_s(job.failures + 1, jitter)
 
 

@@ -27,7 +27,8 @@ class AttemptRecord(BaseModel):
     worker: str
     started_ms: int | None = None
     ended_ms: int | None = None
-    #: What ended the attempt: the gate's action, or ``worker_died`` / ``lost``.
+    #: What ended the attempt: the gate's action, ``handoff`` (the worker shut down and handed
+    #: the job on at once), or ``worker_died`` / ``lost``.
     outcome: str
     cut: str | None = None
     detail: str = ""

@@ -1,7 +1,10 @@
-"""Start an RQ worker, with RQ's scheduler, on resumeq's queues.
+"""Start a resumeq worker, with RQ's scheduler, on resumeq's queues.
 
-The forking ``rq.Worker`` runs each attempt in a work horse and keeps its own heartbeats
-for long jobs; resumeq's lease, not RQ's job timeout, is what detects a dead worker.
+``resumeq worker`` runs :class:`ResumeqWorker`: one process, up to ``--concurrency``
+attempts at once on threads (:mod:`resumeq.concurrent`). :class:`ForkingWorker` is RQ's
+forking worker with the same registry rules, for ``rq worker -w
+resumeq.rq_worker.ForkingWorker`` (a process per attempt). Either way resumeq's lease, not
+RQ's job timeout, is what detects a dead worker.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 import resumeq.worker  # noqa: F401 - loaded once here, not in every forked attempt
-from resumeq.context import preload
+from resumeq.concurrent import ConcurrentWorker
+from resumeq.context import build_context, preload, redis_pool_size, set_context
 from resumeq.errors import ConfigError
 from resumeq.gate import BACKOFF_CAP_S
 from resumeq.hooks import import_hook_modules
@@ -39,31 +43,28 @@ from resumeq.store import decode, redis_errors
 _HORSE_DIED = "Work-horse terminated unexpectedly"
 
 
-class ResumeqWorker(Worker):
-    """RQ's forking worker, with three changes.
+class TruthfulRegistries:
+    """What resumeq changes in an RQ worker, concurrent or forking.
 
-    It is back within two seconds of Redis coming back: RQ's own backoff between failed
-    dequeues doubles up to a minute, which after a Redis restart left queued attempts
-    waiting long after every lease-holding worker had recovered. And it tolerates
-    Redis-compatible servers whose ``CLIENT INFO`` reply redis-py cannot parse (the
-    embedded Redis of ``resumeq demo`` among them). And its registries say what became of
-    each attempt (below).
+    It tolerates Redis-compatible servers whose ``CLIENT INFO`` reply redis-py cannot parse
+    (the embedded Redis of ``resumeq demo`` among them). And its registries say what
+    became of each attempt, as operators read them (``rq info``): an attempt whose job
+    resumeq failed is failed, with the reason (the job function raises JobFailed); an
+    attempt whose job was cancelled, or that was fenced out, is canceled; one whose work
+    horse died is canceled too — its lease expires and a janitor hands the job on (or
+    fails it, and then fails this RQ job with the reason). Everything else is finished: an
+    attempt that was cut and handed its job on did its work.
     """
 
-    max_connection_wait_time = 2.0
+    name: str
+    log: Any
+    connection: redis.Redis
 
     def _set_ip_address(self, connection: redis.Redis) -> None:
         try:
-            super()._set_ip_address(connection)
+            super()._set_ip_address(connection)  # type: ignore[misc]
         except ValueError:
             self.ip_address = "unknown"
-
-    # RQ's registries as operators read them (``rq info``): an attempt whose job resumeq
-    # failed is failed, with the reason (the job function raises JobFailed); an attempt
-    # whose job was cancelled, or that was fenced out, is canceled; one whose work horse
-    # died is canceled too — its lease expires and a janitor hands the job on (or fails
-    # it, and then fails this RQ job with the reason). Everything else is finished: an
-    # attempt that was cut and handed its job on did its work.
 
     def handle_job_success(
         self,
@@ -72,7 +73,7 @@ class ResumeqWorker(Worker):
         started_job_registry: StartedJobRegistry,
         execution: Execution,
     ) -> None:
-        super().handle_job_success(job, queue, started_job_registry, execution)
+        super().handle_job_success(job, queue, started_job_registry, execution)  # type: ignore[misc]
         if is_attempt(job) and job.return_value() in SUPERSEDED_OUTCOMES:
             mark_superseded(job)
 
@@ -85,7 +86,9 @@ class ResumeqWorker(Worker):
         execution: Execution | None = None,
     ) -> None:
         if not (is_attempt(job) and exc_string.startswith(_HORSE_DIED)):
-            super().handle_job_failure(job, queue, started_job_registry, exc_string, execution)
+            super().handle_job_failure(  # type: ignore[misc]
+                job, queue, started_job_registry, exc_string, execution
+            )
             return
         self.log.warning(
             "Worker %s: attempt %s died (%s): a janitor hands its job on once the lease expires",
@@ -94,28 +97,55 @@ class ResumeqWorker(Worker):
             exc_string.rstrip("; "),
         )
         with self.connection.pipeline() as pipe:
-            self.cleanup_execution(job, pipeline=pipe, execution=execution)
+            self.cleanup_execution(job, pipeline=pipe, execution=execution)  # type: ignore[attr-defined]
             pipe.execute()
         mark_superseded(job)
 
 
-def make_worker(settings: Settings, queues: Sequence[str] = ()) -> ResumeqWorker:
-    """A forking RQ worker on ``queues`` (default: the configured ones), JSON-serialized.
+class ResumeqWorker(TruthfulRegistries, ConcurrentWorker):
+    """The worker ``resumeq worker`` runs: many attempts per process, on threads."""
+
+
+class ForkingWorker(TruthfulRegistries, Worker):
+    """RQ's forking worker: each attempt in a work horse of its own. Back within two
+    seconds of Redis coming back (RQ's own backoff between failed dequeues doubles up to a
+    minute)."""
+
+    max_connection_wait_time = 2.0
+
+
+def make_worker(
+    settings: Settings, queues: Sequence[str] = (), *, concurrency: int | None = None
+) -> ResumeqWorker:
+    """A worker on ``queues`` (default: the configured ones), JSON-serialized, running up
+    to ``concurrency`` attempts at once (default: ``[worker] concurrency``).
 
     Redis is asked first: one that cannot be reached, or refuses the login, is a
     :class:`~resumeq.errors.RedisUnavailable` that says which, raised before RQ starts."""
+    n = settings.file.worker.concurrency if concurrency is None else concurrency
+    if n < 1:
+        raise ConfigError(f"--concurrency must be at least 1, not {n}")
     import_hook_modules(settings.file.worker.hook_modules)
     preload()
     try:
-        connection = redis.Redis.from_url(settings.redis_url)
+        # RQ's own connection (its blocking dequeue among its uses), apart from the store's.
+        pool = redis.BlockingConnectionPool.from_url(
+            settings.redis_url, max_connections=redis_pool_size(n), timeout=30
+        )
+        connection = redis.Redis(connection_pool=pool)
+        connection.auto_close_connection_pool = True
     except ValueError as exc:
         raise ConfigError(f"invalid Redis URL: {exc}") from None
     names = queues or settings.file.worker.queues
     with redis_errors("worker start"):
         connection.ping()
+        ctx = build_context(settings, concurrency=n)
+        set_context(ctx)
         return ResumeqWorker(
             [rq_queue(name, connection) for name in names],
             connection=connection,
+            ctx=ctx,
+            concurrency=n,
             serializer=JSONSerializer,
         )
 
@@ -135,35 +165,47 @@ def missing_api_keys(
     ]
 
 
-def run_worker(settings: Settings, queues: Sequence[str] = (), *, burst: bool = False) -> int:
+def run_worker(
+    settings: Settings,
+    queues: Sequence[str] = (),
+    *,
+    burst: bool = False,
+    concurrency: int | None = None,
+) -> int:
     """Run a worker until it is told to stop; with ``burst``, until the queues are empty
     and no attempt waits on them that falls due within the longest backoff resumeq would
     choose (:data:`~resumeq.gate.BACKOFF_CAP_S`): a retry it scheduled is waited for and
     run, not left behind. What is scheduled later still is logged, one line each."""
-    worker = make_worker(settings, queues)
-    worker.work(burst=burst, with_scheduler=True, logging_level="INFO")
-    while burst:
-        scheduled = scheduled_on(worker.queues)
-        if not scheduled:
-            break
-        due_s = min(at for _, _, at in scheduled)
-        wait_s = due_s - time.time()
-        if wait_s > BURST_WAIT_S:
-            for queue, rq_id, at in scheduled:
-                worker.log.warning(
-                    "burst: leaving %s on queue %s, scheduled in %.0f s (at %s)",
-                    rq_id, queue.name, at - time.time(),
-                    datetime.fromtimestamp(at, tz=UTC).isoformat(timespec="seconds"),
-                )  # fmt: skip
-            break
-        worker.log.info(
-            "burst: waiting %.1f s for %d scheduled attempt(s)", max(0.0, wait_s), len(scheduled)
-        )
-        time.sleep(max(0.0, wait_s))
-        for queue in worker.queues:
-            enqueue_overdue(queue, math.floor(time.time()))
-        worker = make_worker(settings, queues)
-        worker.work(burst=True, with_scheduler=True, logging_level="INFO")
+    worker = make_worker(settings, queues, concurrency=concurrency)
+    try:
+        worker.work(burst=burst, with_scheduler=True, logging_level="INFO")
+        while burst and not worker._stop_requested:
+            scheduled = scheduled_on(worker.queues)
+            if not scheduled:
+                break
+            due_s = min(at for _, _, at in scheduled)
+            wait_s = due_s - time.time()
+            if wait_s > BURST_WAIT_S:
+                for queue, rq_id, at in scheduled:
+                    worker.log.warning(
+                        "burst: leaving %s on queue %s, scheduled in %.0f s (at %s)",
+                        rq_id, queue.name, at - time.time(),
+                        datetime.fromtimestamp(at, tz=UTC).isoformat(timespec="seconds"),
+                    )  # fmt: skip
+                break
+            worker.log.info(
+                "burst: waiting %.1f s for %d scheduled attempt(s)",
+                max(0.0, wait_s),
+                len(scheduled),
+            )
+            time.sleep(max(0.0, wait_s))
+            for queue in worker.queues:
+                enqueue_overdue(queue, math.floor(time.time()))
+            worker.ctx.close()
+            worker = make_worker(settings, queues, concurrency=concurrency)
+            worker.work(burst=True, with_scheduler=True, logging_level="INFO")
+    finally:
+        worker.ctx.close()
     return 0
 
 

@@ -69,6 +69,9 @@ class ProviderProfile(BaseModel):
     resume_context: str = "full"
     stall_timeout_s: float = Field(default=30.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)
+    #: The most connections one worker process opens to this provider at once (by default
+    #: the worker's concurrency); further streams wait on the client for a free one.
+    max_connections: int | None = Field(default=None, gt=0)
     cache_prompt: bool = False
     prices: Prices | None = None
 
@@ -159,6 +162,9 @@ class WorkerSettings(BaseModel):
     #: Attempts that deliver nothing (429, 5xx, connect errors, cuts before any output)
     #: back off and go on for this long before the job's exit applies.
     retry_window_s: float = Field(default=300.0, gt=0)
+    #: Attempts one worker process runs at once (each a thread; ``resumeq worker
+    #: --concurrency`` overrides it). 1: one at a time.
+    concurrency: int = Field(default=50, gt=0, le=10_000)
     queues: tuple[str, ...] = ("resumeq",)
     #: Modules the workers import so that their hooks are registered.
     hook_modules: tuple[str, ...] = ()

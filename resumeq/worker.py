@@ -160,7 +160,7 @@ class AttemptRunner:
         plan = plan_request(
             record.spec, profile, prefix=prefix, remaining_tokens=record.remaining_tokens
         )
-        client = make_client(profile, self.ctx.http)
+        client = make_client(profile, self.ctx.http.get(record.spec.provider, profile))
         ckpt = Checkpointer(
             self.store,
             lease,
@@ -178,6 +178,10 @@ class AttemptRunner:
         )
         call = _Call(record, profile, plan, client, splicer, ckpt)
         result, count = self._stream_and_count(call)
+        handoff = self.ctx.handoff.is_set() and result.cut.kind in ("stream_cut", "stall")
+        if handoff:
+            # Cut by this worker's own shutdown, not by the provider: handed on at once.
+            result.cut = Cut(kind="handoff", detail="the worker is shutting down")
         if result.lost is not None:
             lost = (
                 result.lost
@@ -189,7 +193,9 @@ class AttemptRunner:
         for note in splicer.report.notes:
             log.info("job %s attempt %d: %s", record.id, record.attempt, note)
 
-        progressed = ckpt.flushed_tokens > 0 or ckpt.flushed_chars > 0
+        # A handoff is no failure of the provider's: it neither starts nor lengthens a run
+        # of attempts that delivered nothing.
+        progressed = ckpt.flushed_tokens > 0 or ckpt.flushed_chars > 0 or handoff
         view = JobView(
             budget_tokens=record.budget_tokens,
             floor_tokens=record.floor_tokens,
@@ -209,10 +215,11 @@ class AttemptRunner:
             ),
         )
         decision = decide(view, result.cut, jitter=random.random())
+        handed_on = handoff and decision.action in ("retry", "resume")
         entry = self._ledger(
             record,
             started,
-            outcome=decision.action,
+            outcome="handoff" if handed_on else decision.action,
             cut=result.cut,
             plan=plan,
             usage=result.usage,
@@ -302,11 +309,16 @@ class AttemptRunner:
         def on_lost(exc: BaseException) -> None:
             lost.set()
             for stream in opened:
-                stream.close()
+                stream.interrupt()
+
+        def on_handoff() -> None:
+            for stream in opened:
+                stream.interrupt()
 
         heartbeat = self.ctx.leases.hold(
             ckpt.lease, on_lost=on_lost, confirmed=lambda: ckpt.lease_confirmed
         )
+        watching = self.ctx.handoff.watch(on_handoff)
         count = Count(0, False, "estimate")
         result = StreamResult(Cut(kind="stream_cut"))
         try:
@@ -321,6 +333,7 @@ class AttemptRunner:
             for stream in opened:
                 stream.close()
         finally:
+            self.ctx.handoff.unwatch(watching)
             heartbeat.release()
         if lost.is_set() and result.lost is None:
             result.lost = heartbeat.lost or LeaseLost("lease lost", job_id=ckpt.lease.job_id)
@@ -335,25 +348,21 @@ class AttemptRunner:
         opened: list[ProviderStream],
     ) -> None:
         """Fill ``result`` with what the stream delivers and how it ended."""
-        try:
-            stream = call.client.open(call.plan)
-        except RetryableProviderError as exc:
-            result.cut = Cut(kind="retryable", retry_after_s=exc.retry_after, detail=str(exc))
-            result.tally.opened = False  # refused before a stream: nothing was bought
-            return
-        except FatalProviderError as exc:
-            result.cut = Cut(kind="fatal", detail=str(exc))
-            result.tally.opened = False
+        handoff = self.ctx.handoff
+        stream = self._open(call, result)
+        if stream is None:
             return
         opened.append(stream)
         with stream:
-            if lost.is_set():
+            if lost.is_set() or handoff.is_set():  # either began while the request was sent
                 return
             try:
                 for event in stream:
                     if lost.is_set():
-                        return
+                        return  # nothing more may be written
                     self._take(event, result, call.splicer, call.ckpt)
+                    if handoff.is_set():
+                        return  # what arrived is kept: it was paid for
             except StreamCut as exc:
                 kind = "stall" if isinstance(exc, Stalled) else "stream_cut"
                 result.cut = Cut(
@@ -362,8 +371,23 @@ class AttemptRunner:
                     in_non_text_block=getattr(stream, "in_non_text_block", False),
                 )
                 return
+        if stream.closed and stream.finish_reason is None:
+            return  # closed by this worker (a lost lease, a handoff): a cut, not an end
         result.usage = stream.usage
         result.cut = Cut(kind="finished", finish_reason=stream.finish_reason)
+
+    def _open(self, call: _Call, result: StreamResult) -> ProviderStream | None:
+        """The provider's stream; None, with how the attempt ended in ``result``, when it
+        was refused — or not asked at all: the worker is shutting down, nothing is bought."""
+        if not self.ctx.handoff.is_set():
+            try:
+                return call.client.open(call.plan)
+            except RetryableProviderError as exc:
+                result.cut = Cut(kind="retryable", retry_after_s=exc.retry_after, detail=str(exc))
+            except FatalProviderError as exc:
+                result.cut = Cut(kind="fatal", detail=str(exc))
+        result.tally.opened = False  # refused before a stream: nothing was bought
+        return None
 
     @staticmethod
     def _take(

@@ -159,11 +159,13 @@ def test_a_second_failure_after_a_spill_is_failed(world: World) -> None:
 
 def test_an_edited_prompt_is_never_spliced(world: World) -> None:
     prompt = "Summarise the history of maps."
-    world.fake.add_faults([{"kind": "disconnect", "after_tokens": 30}])
+    # cut, then the continuation is told to come back in 3 s: the prompt is edited meanwhile
+    world.fake.add_faults([{"kind": "disconnect", "after_tokens": 30},
+                           {"kind": "status", "status": 503, "retry_after": 3}])  # fmt: skip
     job_id = world.enqueue(prompt)
     wait_for(
         lambda: (
-            world.store.get(job_id).state.value == "queued" and world.store.get(job_id).attempt == 1
+            world.store.get(job_id).state.value == "queued" and world.store.get(job_id).attempt == 2
         ),
         timeout_s=20,
         interval_s=0.01,
@@ -174,7 +176,7 @@ def test_an_edited_prompt_is_never_spliced(world: World) -> None:
     record = world.wait_state(job_id, ENDED)
     assert record.state.value == "failed" and "prompt hash conflict" in (record.error or "")
     assert world.store.text(job_id) == world.canonical(prompt)[: len(world.store.text(job_id))]
-    assert len(world.requests_for("history of maps")) == 1
+    assert len(world.requests_for("history of maps")) == 2  # the cut one and the 503
 
 
 @pytest.mark.timeout(180)

@@ -99,10 +99,11 @@ def test_rq_info_counts_failed_exactly_the_jobs_that_need_a_person(world: World)
     cancelled = world.enqueue("A long story to cancel.")
     world.wait_spent(cancelled, 16)
     world.store.cancel(cancelled, reason="changed my mind")
-    # the work horse killed mid-stream (the worker lives on): the janitor hands it on
-    horse_killed = world.enqueue("A story whose horse dies.")
+    # the worker killed mid-stream: the janitor hands the job on to another worker
+    horse_killed = world.enqueue("A story whose worker dies.")
     world.wait_spent(horse_killed, 16)
-    os.kill(newest(descendants(worker.pid)), signal.SIGKILL)  # not RQ's scheduler: older
+    worker.kill()
+    world.cluster.worker()
     world.fake.token_delay_ms = 0
     world.wait_state(horse_killed, ENDED, timeout_s=40)
     wait_for(lambda: rq_info(world)["executing"] == 0, timeout_s=20, what="no attempt executing")
@@ -125,7 +126,29 @@ def test_rq_info_counts_failed_exactly_the_jobs_that_need_a_person(world: World)
     assert rq_job(world, cancelled, 1).get_status() == JobStatus.CANCELED
     assert rq_job(world, horse_killed, 1).get_status() == JobStatus.CANCELED
     assert rq_job(world, horse_killed, 2).get_status() == JobStatus.FINISHED
-    assert "attempt " + attempt_rq_id(horse_killed, 1) + " died" in worker.output()
+
+
+@pytest.mark.timeout(120)
+def test_a_forking_worker_counts_a_dead_work_horse_canceled(world: World) -> None:
+    """``rq worker -w resumeq.rq_worker.ForkingWorker``: a process per attempt; a work horse
+    killed mid-stream (its worker lives on) is canceled, and the janitor hands the job on."""
+    world.fake.token_delay_ms = 40
+    url = world.cluster.env["RESUMEQ_REDIS_URL"]
+    worker = world.cluster.spawn(
+        "forking-worker",
+        [sys.executable, "-m", "rq.cli", "worker", "-w", "resumeq.rq_worker.ForkingWorker",
+         "-S", "rq.serializers.JSONSerializer", "-u", url, QUEUE],
+    )  # fmt: skip
+    world.cluster.janitor(interval_s=0.3)
+    job_id = world.enqueue("A story whose horse dies.")
+    world.wait_spent(job_id, 16)
+    os.kill(newest(descendants(worker.pid)), signal.SIGKILL)
+    world.fake.token_delay_ms = 0
+    assert world.wait_state(job_id, ENDED, timeout_s=40).state.value == "done"
+    wait_for(lambda: rq_info(world)["executing"] == 0, timeout_s=20, what="no attempt executing")
+    assert rq_job(world, job_id, 1).get_status() == JobStatus.CANCELED
+    assert rq_job(world, job_id, 2).get_status() == JobStatus.FINISHED
+    assert "attempt " + attempt_rq_id(job_id, 1) + " died" in worker.output()
 
 
 @pytest.mark.timeout(120)

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from resumeq.context import build_context
+from resumeq.context import HttpClients, build_context
 from resumeq.models import JobRecord
 from resumeq.settings import ConfigFile, Settings
 from resumeq.worker import AttemptRunner
@@ -36,7 +36,7 @@ def attempt_runner(
     ctx = build_context(settings)
     if http is not None:
         ctx.http.close()
-        ctx.http = http
+        ctx.http = HttpClients.only(http)
     try:
         yield AttemptRunner(ctx)
     finally:

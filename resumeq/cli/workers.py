@@ -11,6 +11,7 @@ import click
 
 from resumeq.cli._base import Context, _emit, cli, reports_errors
 from resumeq.context import build_context
+from resumeq.errors import ConfigError
 from resumeq.janitor import Janitor
 from resumeq.rq_worker import missing_api_keys, run_worker
 
@@ -18,20 +19,31 @@ from resumeq.rq_worker import missing_api_keys, run_worker
 @cli.command()
 @click.option("--queues", "-q", multiple=True, help="Queue to serve (repeatable).")
 @click.option("--burst", is_flag=True, help="Exit once the queues are empty.")
+@click.option(
+    "--concurrency",
+    "-c",
+    type=int,
+    default=None,
+    help="Attempts this process runs at once (default: [worker] concurrency, 50).",
+)
 @click.pass_obj
 @reports_errors
-def worker(obj: Context, queues: tuple[str, ...], burst: bool) -> None:
-    """Run an RQ worker (with the scheduler) on resumeq's queues.
+def worker(obj: Context, queues: tuple[str, ...], burst: bool, concurrency: int | None) -> None:
+    """Run a worker (with RQ's scheduler) on resumeq's queues: one process, up to
+    --concurrency attempts at once. SIGTERM or SIGINT hands every stream in flight back
+    to its queue at once and exits; a second one stops cold.
 
     A profile whose ``api_key_env`` variable is not set is a warning line, not a refusal
     to start: this worker may serve only some profiles."""
+    if concurrency is not None and concurrency < 1:
+        raise ConfigError(f"--concurrency must be at least 1, not {concurrency}")
     for profile, variable in missing_api_keys(obj.settings):
         click.echo(
             f"resumeq: warning: profile {profile!r} reads its API key from {variable}, "
             "which is unset or empty here: its jobs will fail (401) on this worker",
             err=True,
         )
-    sys.exit(run_worker(obj.settings, queues, burst=burst))
+    sys.exit(run_worker(obj.settings, queues, burst=burst, concurrency=concurrency))
 
 
 @cli.command()

@@ -19,10 +19,12 @@ and, while bytes trickle in, soon after ``stall_timeout_s`` without progress.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import os
 import re
+import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
@@ -276,6 +278,19 @@ class ProviderStream(ABC):
         self.closed = True
         self._response.close()
 
+    def interrupt(self) -> None:
+        """Close the connection from another thread: the thread reading it is woken at once,
+        even from a provider that sends nothing for a while (closing a socket alone does not
+        wake a read blocked on it)."""
+        self.closed = True
+        stream = self._response.extensions.get("network_stream")
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if isinstance(sock, socket.socket):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(Exception):  # the reader may be closing it at the same time
+            self._response.close()
+
     def __enter__(self) -> ProviderStream:
         return self
 
@@ -303,9 +318,11 @@ class ProviderClient(ABC):
 
     @property
     def timeout(self) -> httpx.Timeout:
-        """Read timeout = stall timeout: no bytes for that long is a stall."""
+        """Read timeout = stall timeout: no bytes for that long is a stall. No pool
+        timeout: a stream that finds every connection of the profile's pool busy waits for
+        one (the lease is kept meanwhile), it does not fail for it."""
         p = self.profile
-        return httpx.Timeout(p.stall_timeout_s, connect=p.connect_timeout_s)
+        return httpx.Timeout(p.stall_timeout_s, connect=p.connect_timeout_s, pool=None)
 
     #: Where generation requests go, below the profile's base URL.
     endpoint: str

@@ -139,15 +139,21 @@ class Cluster:
         return self._start(args[0] if args else "resumeq", *args)
 
     def _start(self, name: str, *args: str) -> Proc:
+        return self.spawn(name, [sys.executable, "-m", "resumeq", *args])
+
+    def spawn(self, name: str, args: Sequence[str]) -> Proc:
+        """Any command as a process of the cluster (its environment; stopped with it)."""
         log = self.directory / f"{name}-{len(self.procs)}.log"
-        proc = Proc([sys.executable, "-m", "resumeq", *args], env=self.env, log=log)
+        proc = Proc(args, env=self.env, log=log)
         self.procs.append(proc)
         return proc
 
-    def worker(self, *queues: str) -> Proc:
+    def worker(self, *queues: str, concurrency: int | None = None) -> Proc:
         args = ["worker"]
         for q in queues:
             args += ["--queues", q]
+        if concurrency is not None:
+            args += ["--concurrency", str(concurrency)]
         return self._start("worker", *args)
 
     def janitor(self, interval_s: float = 0.5) -> Proc:

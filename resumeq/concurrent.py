@@ -1,0 +1,455 @@
+# RQ's worker and scheduler methods carry no annotations.
+# mypy: disable-error-code="no-untyped-call"
+"""The concurrent worker: one process runs up to N attempts at once, each in a thread.
+
+A generation stream waits on the network nearly all the time, so a thread per stream costs
+a stack's touched pages and little CPU — where RQ's forking worker costs a whole process per
+stream. Threads rather than an event loop because the attempt, the checkpointer, the splice
+and every provider client are synchronous and proven; ``benchmarks/memory.py`` and
+``benchmarks/concurrency.py`` measure the cost against arq's event loop (BENCHMARKS.md).
+
+It is an RQ worker on RQ's own execution records, so RQ's registries tell the truth: each
+attempt is one :class:`rq.executions.Execution` (one StartedJobRegistry entry, one execution
+heartbeat), finished through ``handle_job_success`` / ``handle_job_failure`` like any RQ job.
+
+- **Dequeue** on the main thread, only while a slot is free; RQ's blocking pop waits at
+  most :data:`DEQUEUE_WAIT_S` so that a stop is seen at once.
+- **Heartbeats**: RQ's (worker, executions, jobs) every :data:`HEARTBEAT_INTERVAL_S` in one
+  pipeline; resumeq's leases from one keeper thread (:mod:`resumeq.heartbeat`).
+- **No job timeout**: RQ's SIGALRM timeout works only on the main thread; the lease and the
+  provider's read timeout are the deadlines.
+- **Scheduler**: RQ's, in a thread of this process — it cannot outlive its worker.
+- **Stop**: the first SIGTERM or SIGINT is a *handoff*: no more dequeues, every stream in
+  flight is closed, made durable and its job handed back to its queue at once (ledger
+  outcome ``handoff``), then the process exits. A second signal is a cold stop (the
+  leases expire and a janitor resumes the jobs). RQ's ``stop-job`` command cancels that
+  attempt's job, which stops exactly its stream.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import redis
+from rq.command import parse_payload
+from rq.exceptions import DequeueTimeout
+from rq.job import Job
+from rq.queue import Queue
+from rq.scheduler import RQScheduler
+from rq.timeouts import BaseDeathPenalty
+from rq.utils import now
+from rq.worker import BaseWorker, WorkerStatus
+
+from resumeq.context import WorkerContext
+from resumeq.errors import ResumeqError
+
+log = logging.getLogger(__name__)
+
+#: The longest RQ's blocking pop waits for a job before the loop looks around again (a
+#: signal is acted on within it). Whole seconds before Redis 6.
+DEQUEUE_WAIT_S = 0.25
+#: RQ's heartbeats for the worker, its executions and their jobs, this often.
+HEARTBEAT_INTERVAL_S = 15.0
+#: After a handoff began, streams that have not stopped by themselves this soon (a
+#: provider that sends nothing for a while) have their connections closed.
+INTERRUPT_AFTER_S = 0.2
+#: After a handoff began, how long the attempts have to make their text durable and hand
+#: their jobs on before the process exits regardless (a lease left behind expires).
+HANDOFF_WAIT_S = 2.5
+
+
+class NoDeathPenalty(BaseDeathPenalty):
+    """No RQ job timeout: SIGALRM cannot reach a thread; the lease is the deadline."""
+
+    def setup_death_penalty(self) -> None:
+        pass
+
+    def cancel_death_penalty(self) -> None:
+        pass
+
+
+class ThreadScheduler(RQScheduler):
+    """RQ's scheduler on a thread of the worker's process instead of a child process: it
+    ends with its worker, however the worker ends (a child forked by RQ keeps running when
+    its worker is killed, and keeps its queues' scheduler locks)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> threading.Thread:
+        self._status = self.Status.STARTED
+        self._stop_requested = False
+        self._wake.clear()
+        thread = threading.Thread(target=self.work, name="resumeq-scheduler", daemon=True)
+        self._thread = thread
+        self._process = thread  # type: ignore[assignment] # RQ's maintenance asks it ``is_alive()`` to restart it
+        thread.start()
+        return thread
+
+    def _install_signal_handlers(self) -> None:
+        pass  # the worker's main thread owns the signals
+
+    def work(self) -> None:
+        self.log.info(
+            "Scheduler for %s started in the worker's process", ", ".join(self._queue_names)
+        )
+        self.register_birth()
+        while not self._stop_requested:
+            try:
+                if self.should_reacquire_locks:
+                    self.acquire_locks()
+                self.heartbeat()
+                self.enqueue_scheduled_jobs()
+            except redis.RedisError as exc:  # Redis away: try again next round
+                self.log.warning("scheduler: %s", exc)
+            self._wake.wait(self.interval)
+        try:
+            self.stop()
+        except redis.RedisError as exc:
+            self.log.warning("scheduler: could not release its locks: %s", exc)
+
+    def stop_thread(self) -> None:
+        self._stop_requested = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+
+@dataclass
+class _Running:
+    job: Job
+    thread: threading.Thread
+    started: float = field(default_factory=time.monotonic)
+
+
+class ConcurrentWorker(BaseWorker):
+    """Runs up to ``concurrency`` attempts at once, each on its own thread (module doc)."""
+
+    death_penalty_class = NoDeathPenalty
+    #: Back within two seconds of Redis coming back (RQ's own backoff doubles to a minute).
+    max_connection_wait_time = 2.0
+
+    def __init__(
+        self,
+        queues: Sequence[Queue],
+        *,
+        connection: redis.Redis,
+        ctx: WorkerContext,
+        concurrency: int,
+        **kwargs: Any,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        super().__init__(list(queues), connection=connection, name=ctx.name, **kwargs)
+        self.ctx = ctx
+        self.concurrency = concurrency
+        self._slots = threading.Semaphore(concurrency)
+        self._lock = threading.Lock()
+        self._running: dict[str, _Running] = {}  # by execution id
+        self._idle = threading.Condition(self._lock)
+        self._cold = False
+        self._dequeue_wait_s: float = DEQUEUE_WAIT_S
+        self._last_rq_heartbeat = 0.0
+
+    # -- what the worker is doing ------------------------------------------------------
+
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        return int(HEARTBEAT_INTERVAL_S * 2) + 60
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def work(  # type: ignore[override]
+        self,
+        burst: bool = False,
+        logging_level: str | None = "INFO",
+        with_scheduler: bool = True,
+        **_: Any,
+    ) -> bool:
+        """Dequeue and run attempts until told to stop (``burst``: until the queues are
+        empty and nothing runs); answers whether any attempt ran."""
+        self.bootstrap(logging_level)
+        version = self.get_redis_server_version()
+        if version and version < (6, 0, 0):  # a blocking pop's timeout in whole seconds
+            self._dequeue_wait_s = 1
+        self.log.info("Worker %s: up to %d attempts at once", self.name, self.concurrency)
+        if with_scheduler:
+            self._start_scheduler(burst, logging_level)
+        self._install_signal_handlers()
+        ran = 0
+        try:
+            while not self._stop_requested:
+                started = self._step(burst)
+                if started is None:
+                    break
+                ran += started
+        except SystemExit:
+            raise
+        except Exception:
+            self.log.exception("Worker %s: unhandled error, stopping", self.name)
+        finally:
+            try:
+                self._wind_down()
+            finally:
+                self.teardown()
+        return bool(ran)
+
+    def _step(self, burst: bool) -> int | None:
+        """One turn of the loop: start at most one attempt (answers 1 or 0), or None when
+        a burst is done."""
+        self.check_for_suspension(burst)
+        if self.should_run_maintenance_tasks:
+            self.run_maintenance_tasks()
+        self._rq_heartbeats()
+        if not self._slots.acquire(timeout=DEQUEUE_WAIT_S):
+            return 0
+        taken = self._dequeue(block=not burst)
+        if taken is not None:
+            self._start(*taken)
+            return 1
+        self._slots.release()
+        if burst and not self.in_flight():
+            self.log.info("Worker %s: done, quitting", self.name)
+            return None
+        if burst:  # what runs may queue a continuation: look again when it ends
+            self._wait_for_a_change(0.05)
+        return 0
+
+    def _dequeue(self, *, block: bool) -> tuple[Job, Queue] | None:
+        try:
+            result = self.queue_class.dequeue_any(
+                self._ordered_queues,
+                # RQ hands it to BLPOP, which takes fractions of a second (Redis 6+)
+                self._dequeue_wait_s if block else None,  # type: ignore[arg-type]
+                connection=self.connection,
+                job_class=self.job_class,
+                serializer=self.serializer,
+                death_penalty_class=self.death_penalty_class,
+            )
+        except DequeueTimeout:
+            return None
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.log.error("Worker %s: cannot reach Redis (%s), retrying", self.name, exc)
+            time.sleep(self.max_connection_wait_time)
+            return None
+        if result is None:
+            return None
+        job, queue = result
+        self.reorder_queues(reference_queue=queue)
+        return job, queue
+
+    def _start(self, job: Job, queue: Queue) -> None:
+        try:
+            execution = self.prepare_execution(job)
+        except BaseException:
+            self._slots.release()
+            raise
+        thread = threading.Thread(
+            target=self._execute,
+            args=(job, queue, execution),
+            name=f"resumeq-attempt:{job.id}",
+            daemon=True,
+        )
+        with self._lock:
+            self._running[execution.id] = _Running(job, thread)
+        self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
+        thread.start()
+
+    def _execute(self, job: Job, queue: Queue, execution: Any) -> None:
+        try:
+            self.perform_job(job, queue, execution)
+        except Exception:
+            self.log.exception(
+                "Worker %s: attempt %s raised outside RQ's handling", self.name, job.id
+            )
+        finally:
+            with self._lock:
+                self._running.pop(execution.id, None)
+                self._idle.notify_all()
+            self._slots.release()
+
+    def _wait_for_a_change(self, timeout_s: float) -> None:
+        with self._idle:
+            self._idle.wait(timeout_s)
+
+    def _rq_heartbeats(self, *, force: bool = False) -> None:
+        """RQ's heartbeats, in one pipeline: the worker's; and each execution's and its
+        job's, so that the StartedJobRegistry keeps exactly the attempts in flight."""
+        at = time.monotonic()
+        if not force and at - self._last_rq_heartbeat < HEARTBEAT_INTERVAL_S:
+            return
+        self._last_rq_heartbeat = at
+        with self._lock:
+            running = [(eid, r.job) for eid, r in self._running.items()]
+        executions = [(self.executions.get(eid), job) for eid, job in running]
+        ttl = self.get_heartbeat_ttl(running[0][1]) if running else self.worker_ttl + 60
+        state = WorkerStatus.BUSY if running else WorkerStatus.IDLE
+        try:
+            with self.connection.pipeline() as pipe:
+                self.heartbeat(max(ttl, self.worker_ttl + 60), pipeline=pipe)
+                self.set_state(state, pipeline=pipe)
+                for execution, job in executions:
+                    if execution is None:
+                        continue  # ended meanwhile
+                    execution.heartbeat(job.started_job_registry, ttl, pipeline=pipe)
+                    job.heartbeat(now(), ttl, pipeline=pipe, xx=True)
+                pipe.execute()
+        except redis.RedisError as exc:
+            self.log.warning("Worker %s: RQ heartbeat failed: %s", self.name, exc)
+
+    # -- stopping ----------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._stop_requested:
+            self.log.warning(
+                "Worker %s: second signal, cold shut down: %d lease(s) left to expire",
+                self.name,
+                len(self._running),
+            )
+            self._cold = True
+            raise SystemExit(1)
+        self.log.info(
+            "Worker %s: %s, handing off %d attempt(s)",
+            self.name,
+            signal.Signals(signum).name,
+            len(self._running),
+        )
+        self._shutdown_requested_date = now()
+        self._stop_requested = True
+
+    def _wind_down(self) -> None:
+        """After the loop: hand every attempt in flight on (a stop), or wait for them (the
+        queues are empty in burst mode, or the loop failed)."""
+        if self._cold:
+            return
+        if self._stop_requested and self.in_flight():
+            begun = self.ctx.handoff.begin()
+            self.log.info("Worker %s: handoff of %d stream(s) begun", self.name, begun)
+            deadline = time.monotonic() + HANDOFF_WAIT_S
+            # Each stream stops after the event it is reading; one that is still waiting
+            # for bytes a moment later has its connection closed.
+            self._wait_for_attempts(time.monotonic() + INTERRUPT_AFTER_S)
+            if not self._cold and self.in_flight():
+                closed = self.ctx.handoff.interrupt()
+                self.log.info("Worker %s: closed %d quiet stream(s)", self.name, closed)
+        else:
+            deadline = float("inf")
+        left = self._wait_for_attempts(deadline)
+        if left and not self._cold:
+            self.log.warning(
+                "Worker %s: %d attempt(s) did not hand off in time; their leases will expire",
+                self.name,
+                left,
+            )
+
+    def _wait_for_attempts(self, deadline: float) -> int:
+        """Until every attempt ended or ``deadline``; answers how many still run."""
+        with self._idle:
+            while self._running and time.monotonic() < deadline and not self._cold:
+                self._idle.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            return len(self._running)
+
+    def teardown(self) -> None:
+        try:
+            if self.scheduler:
+                self.stop_scheduler()
+            self.register_death()
+        except redis.RedisError as exc:
+            self.log.warning("Worker %s: could not register its death: %s", self.name, exc)
+        self.unsubscribe()
+
+    def unsubscribe(self) -> None:
+        """Stop listening for RQ's commands at once (RQ's own way waits for the listening
+        thread's minute-long read to time out, or a second)."""
+        thread, pubsub = self.pubsub_thread, getattr(self, "pubsub", None)
+        if thread is None or pubsub is None:
+            return
+        thread.stop()
+        with contextlib.suppress(redis.RedisError):
+            pubsub.unsubscribe()  # its reply wakes the listening thread, which sees the stop
+        thread.join(timeout=1)
+        pubsub.close()
+        self.pubsub_thread = None
+
+    def _start_scheduler(
+        self, burst: bool = False, logging_level: str | None = "INFO", *_: Any, **__: Any
+    ) -> None:
+        self.scheduler = ThreadScheduler(
+            self.queues,
+            connection=self.connection,
+            logging_level=logging_level or "INFO",
+            serializer=self.serializer,
+        )
+        self.scheduler.acquire_locks()
+        if not self.scheduler.acquired_locks:
+            return
+        if burst:
+            try:
+                self.scheduler.register_birth()
+                self.scheduler.enqueue_scheduled_jobs()
+            finally:
+                self.scheduler.release_locks()
+                self.scheduler.register_death()
+        else:
+            self.scheduler.start()
+
+    def stop_scheduler(self) -> None:
+        scheduler = self.scheduler
+        if isinstance(scheduler, ThreadScheduler):
+            scheduler.stop_thread()
+
+    # -- RQ's commands -------------------------------------------------------------------
+
+    def handle_payload(self, message: Any) -> None:
+        """RQ's ``stop-job`` and ``stop-execution`` stop exactly that attempt (below); the
+        other commands as RQ does (``shutdown`` is a handoff)."""
+        payload = parse_payload(message)
+        command = payload.get("command")
+        if command == "stop-job":
+            self._stop_attempts(job_id=payload.get("job_id"))
+        elif command == "stop-execution":
+            self._stop_attempts(execution_id=payload.get("execution_id"))
+        elif command == "kill-horse":
+            self.log.info("Worker %s: no work horse to kill (attempts run on threads)", self.name)
+        else:
+            super().handle_payload(message)
+
+    def request_stop_execution(self, execution_id: str) -> None:
+        self._stop_attempts(execution_id=execution_id)
+
+    def _stop_attempts(self, *, job_id: str | None = None, execution_id: str | None = None) -> None:
+        """Cancel the job of the attempt with that RQ job or execution id: its stream stops
+        at its next write, and no other."""
+        with self._lock:
+            jobs = [
+                r.job
+                for eid, r in self._running.items()
+                if eid == execution_id or (job_id is not None and r.job.id == job_id)
+            ]
+        if not jobs:
+            self.log.warning(
+                "Worker %s: not running %s, command ignored", self.name, job_id or execution_id
+            )
+            return
+        for job in jobs:
+            try:
+                self.ctx.store.cancel(str(job.args[0]), reason="stopped by an RQ stop command")
+            except (ResumeqError, IndexError) as exc:
+                self.log.warning("Worker %s: could not stop %s: %s", self.name, job.id, exc)

@@ -1,8 +1,10 @@
 """Entry point for a resumeq worker process (the Procfile's ``worker:`` line).
 
-Starts an RQ worker with the scheduler for the configured queues; Redis comes from
-``RESUMEQ_REDIS_URL`` and the profiles from the file ``RESUMEQ_CONFIG`` names. Extra
-arguments are queue names. ``resumeq worker`` does the same.
+Starts a concurrent resumeq worker — up to ``[worker] concurrency`` attempts at once in
+this one process, with RQ's scheduler on a thread — for the configured queues; Redis comes
+from ``RESUMEQ_REDIS_URL`` and the profiles from the file ``RESUMEQ_CONFIG`` names. Extra
+arguments are queue names. SIGTERM hands every stream in flight on and exits. ``resumeq
+worker`` does the same.
 """
 
 from __future__ import annotations

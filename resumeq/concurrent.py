@@ -39,6 +39,7 @@ from types import FrameType
 from typing import Any
 
 import redis
+from redis.typing import EncodableT, FieldT
 from rq.command import parse_payload
 from rq.exceptions import DequeueTimeout
 from rq.job import Job
@@ -58,6 +59,8 @@ log = logging.getLogger(__name__)
 DEQUEUE_WAIT_S = 0.25
 #: RQ's heartbeats for the worker, its executions and their jobs, this often.
 HEARTBEAT_INTERVAL_S = 15.0
+#: How often the worker publishes its load (:meth:`ConcurrentWorker._publish_load`).
+LOAD_INTERVAL_S = 1.0
 #: After a handoff began, streams that have not stopped by themselves this soon (a
 #: provider that sends nothing for a while) have their connections closed.
 INTERRUPT_AFTER_S = 0.2
@@ -160,6 +163,7 @@ class ConcurrentWorker(BaseWorker):
         self._cold = False
         self._dequeue_wait_s: float = DEQUEUE_WAIT_S
         self._last_rq_heartbeat = 0.0
+        self._last_load = 0.0
 
     # -- what the worker is doing ------------------------------------------------------
 
@@ -214,6 +218,7 @@ class ConcurrentWorker(BaseWorker):
         if self.should_run_maintenance_tasks:
             self.run_maintenance_tasks()
         self._rq_heartbeats()
+        self._publish_load()
         if not self._slots.acquire(timeout=DEQUEUE_WAIT_S):
             return 0
         taken = self._dequeue(block=not burst)
@@ -310,6 +315,25 @@ class ConcurrentWorker(BaseWorker):
         except redis.RedisError as exc:
             self.log.warning("Worker %s: RQ heartbeat failed: %s", self.name, exc)
 
+    def _publish_load(self) -> None:
+        """Every second, into RQ's hash of this worker (``rq info`` ignores the fields):
+        ``resumeq_in_flight`` (attempts running), ``resumeq_lease_lag_ms`` (the worst lateness
+        of a lease renewal so far: how far the keeper fell behind under load) and
+        ``resumeq_cpu_s`` (the process's CPU time)."""
+        at = time.monotonic()
+        if at - self._last_load < LOAD_INTERVAL_S:
+            return
+        self._last_load = at
+        fields: dict[FieldT, EncodableT] = {
+            "resumeq_in_flight": str(self.in_flight()),
+            "resumeq_lease_lag_ms": f"{self.ctx.leases.worst_lag_s * 1000:.1f}",
+            "resumeq_cpu_s": f"{time.process_time():.3f}",
+        }
+        try:
+            self.connection.hset(self.key, mapping=fields)
+        except redis.RedisError as exc:
+            self.log.debug("Worker %s: load not published: %s", self.name, exc)
+
     # -- stopping ----------------------------------------------------------------------
 
     def _install_signal_handlers(self) -> None:
@@ -367,6 +391,11 @@ class ConcurrentWorker(BaseWorker):
             return len(self._running)
 
     def teardown(self) -> None:
+        self.log.info(
+            "Worker %s: worst lease renewal lag %.0f ms",
+            self.name,
+            self.ctx.leases.worst_lag_s * 1000,
+        )
         try:
             if self.scheduler:
                 self.stop_scheduler()

@@ -92,7 +92,8 @@ def embedded_redis() -> Iterator[str]:
 
 
 def _kill_streaming_worker(client: Client, job_id: str, workers: list[Proc]) -> Proc:
-    """SIGKILL the worker process (and its work horse) streaming ``job_id``."""
+    """SIGKILL the worker process streaming ``job_id`` — with every other stream it runs at
+    the time: the janitor resumes them all."""
     token = client.get(job_id).record.lease_token or ""
     horse = int(token.split(":")[1].rsplit("-", 1)[1])
     victim = next(w for w in workers if horse in (w.pid, *descendants(w.pid)))

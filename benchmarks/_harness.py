@@ -181,6 +181,21 @@ def rq_workers(connection: redis.Redis) -> int:
     return int(connection.scard(REDIS_WORKER_KEYS))
 
 
+def worker_load(connection: redis.Redis) -> dict[str, float]:
+    """What the concurrent workers publish every second into RQ's hash of each worker
+    (``resumeq_in_flight``, ``resumeq_lease_lag_ms``: the worst renewal lateness since it
+    started, ``resumeq_cpu_s``), summed over workers (the lag: the worst); {} if none."""
+    out: dict[str, float] = {}
+    for key in connection.smembers(REDIS_WORKER_KEYS):
+        fields = connection.hgetall(key)
+        for name in (b"resumeq_in_flight", b"resumeq_lease_lag_ms", b"resumeq_cpu_s"):
+            if name in fields:
+                field, value = name.decode(), float(fields[name])
+                worst = field == "resumeq_lease_lag_ms"
+                out[field] = max(out.get(field, 0.0), value) if worst else out.get(field, 0) + value
+    return out
+
+
 class FakeProcess:
     """The fake provider as a process of its own (``python -m resumeq fake-provider`` on a
     free loopback port), so that its CPU neither shares the benchmark's GIL nor counts as

@@ -1,154 +1,248 @@
-"""Memory per in-flight stream: total PSS of the worker processes ÷ streams in flight.
+"""Memory per in-flight stream: PSS of the worker processes ÷ streams in flight.
 
-``--streams`` forking resumeq workers (``python -m resumeq worker``) each stream one slow
-completion from the fake provider (``--token-delay-ms`` between tokens) at the same time.
-Once every stream is flowing, the PSS (proportional set size: a page shared by n processes
-counts 1/n to each) of every worker process and its work horse is summed. The same is then
-measured for plain ``rq worker`` processes running the naive baseline job, for comparison.
-Workers are killed by PID at the end of each side (their streams are endless on purpose).
-Prints one JSON object.
+The fake provider (a process of its own) sends every stream one slow completion
+(``--token-delay-ms`` between tokens, never ending while measured). Each side starts its
+worker processes, waits until they are ready, reads their idle PSS, enqueues its streams,
+waits until the fake is sending every one of them, lets them run ``--settle-s``, and reads
+PSS again (proportional set size: a page shared by n processes counts 1/n to each). What is
+summed is every process of the side, with every process below it: a worker, RQ's
+scheduler child, a work horse. Then the side's processes are killed by PID (their streams
+are endless on purpose).
 
-Two more sides for comparison (skipped with ``--no-baseline``): the naive baseline job on
-plain ``rq worker`` processes, and resumeq's attempts on one ``rq worker-pool`` (which forks
-its workers from one parent, so they share its imported pages).
+- ``mb_per_stream`` = total PSS of the concurrent side's processes (one ``resumeq worker
+  --concurrency S`` and every process below it; RQ's scheduler runs on a thread of it, so
+  it is inside; nothing subtracted) ÷ the streams the fake was sending when it was read
+  (S = ``--streams``, 200: issue 13's definition).
+- ``mb_per_stream_above_idle`` = (that PSS - the same processes' PSS when ready and idle,
+  before any job) ÷ the same streams: what one more stream costs.
+- ``arq_mb_per_stream`` and ``arq_mb_per_stream_above_idle``: the same for arq 0.28
+  (``_arq_peer.py``), one process with ``max_jobs`` = S, running the same stream with a
+  checkpoint on the same rule (32 tokens or 250 ms), measured in the same run.
+- ``mb_per_stream_fork``: the fork model, measured at ``--fork-streams`` (20) streams: one
+  ``rq worker -w resumeq.rq_worker.ForkingWorker`` per stream, each forking a work horse.
+- ``baseline_mb_per_stream`` (skipped with ``--no-baseline``): the naive job of
+  ``_baseline.py`` on plain ``rq worker`` processes, one per stream, at ``--fork-streams``.
 
-    python benchmarks/memory.py [--streams N] [--token-delay-ms MS] [--no-baseline]
+Targets: ``mb_per_stream`` ≤ 0.5 and ≤ 2 * ``arq_mb_per_stream``. Prints one JSON object.
+
+    python benchmarks/memory.py [--streams 200] [--fork-streams 20] [--no-baseline] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _harness import baseline_worker, enqueue_naive, family, pss_kb
+import _arq_peer
+import redis
+from _harness import (
+    FakeProcess,
+    baseline_worker,
+    concurrent_worker,
+    enqueue_naive,
+    family,
+    family_pss_kb,
+    forking_worker,
+    rq_workers,
+    wait_until,
+)
 
-from resumeq.fake import FakeProvider
 from resumeq.producer import enqueue_job
 from resumeq.store import Store
 from resumeq.testing import RedisServer
-from resumeq.testing.processes import Cluster, Proc, wait_for, write_config
+from resumeq.testing.processes import Cluster, Proc, write_config
+
+#: One prompt for every stream: the fake plans its (long) completion once.
+PROMPT = "Memory benchmark: one long answer, streamed slowly."
+QUEUE = "resumeq"
+COMPLETION_TOKENS = 50_000
+FLUSH = {"flush_tokens": 32, "flush_ms": 250}
 
 
-def spec(n: int) -> dict[str, Any]:
-    return {
-        "prompt": f"Memory benchmark stream {n}.",
-        "provider": "fake",
-        "model": "fake-model",
-        "budget_tokens": 60_000,
-    }
+def spec() -> dict[str, Any]:
+    return {"prompt": PROMPT, "provider": "fake", "model": "fake-model", "budget_tokens": 60_000}
 
 
-def streaming(fake: FakeProvider) -> int:
-    """Requests the fake provider is sending tokens for right now."""
-    return sum(
-        1 for e in fake.journal() if e["outcome"] == "in_progress" and e["tokens_emitted"] >= 3
-    )
+class Side:
+    """One way of running S streams: how its processes start, when they are ready, how
+    its jobs are enqueued."""
+
+    def __init__(
+        self,
+        name: str,
+        streams: int,
+        start: Callable[[], list[Proc]],
+        ready: Callable[[list[Proc]], bool],
+        enqueue: Callable[[int], None],
+    ) -> None:
+        self.name, self.streams = name, streams
+        self.start, self.ready, self.enqueue = start, ready, enqueue
 
 
-def start(cluster: Cluster, side: str, streams: int) -> list[Proc]:
-    if side == "resumeq":
-        return [cluster.worker("resumeq") for _ in range(streams)]
-    if side == "baseline":
-        return [baseline_worker(cluster, "naive") for _ in range(streams)]
-    # rq worker-pool: one parent forks the workers, which share its imported pages.
-    url = cluster.env["RESUMEQ_REDIS_URL"]
-    args = [sys.executable, "-m", "rq.cli", "worker-pool", "-n", str(streams), "-S", "json"]
-    log = cluster.directory / "pool.log"
-    proc = Proc([*args, "-u", url, "resumeq"], env=cluster.env, log=log)
-    cluster.procs.append(proc)
-    return [proc]
+def sides(
+    cluster: Cluster, store: Store, fake: FakeProcess, args: argparse.Namespace
+) -> list[Side]:
+    r = store.redis
+    n, forks = args.streams, args.fork_streams
+
+    def enqueue_resumeq(count: int) -> None:
+        for _ in range(count):
+            enqueue_job(store, r, spec(), queue=QUEUE)
+
+    def enqueue_arq(count: int) -> None:
+        _arq_peer.enqueue(cluster, [f"arq-{i}" for i in range(count)], prompt=PROMPT)
+
+    def enqueue_baseline(count: int) -> None:
+        for _ in range(count):
+            enqueue_naive(r, spec(), queue="naive", retries=0)
+
+    def forking() -> list[Proc]:
+        return [forking_worker(cluster, QUEUE) for _ in range(forks)]
+
+    def registered(count: int) -> Callable[[list[Proc]], bool]:
+        return lambda procs: rq_workers(r) >= count
+
+    out = [
+        Side(
+            "concurrent",
+            n,
+            lambda: [concurrent_worker(cluster, QUEUE, n)],
+            registered(1),
+            enqueue_resumeq,
+        ),
+        Side(
+            "arq",
+            n,
+            lambda: [_arq_peer.start_worker(cluster, base_url=fake.url, max_jobs=n, **FLUSH)],
+            lambda procs: _arq_peer.ready(r),
+            enqueue_arq,
+        ),
+        Side("fork", forks, forking, registered(forks), enqueue_resumeq),
+    ]
+    if not args.no_baseline:
+        start = lambda: [baseline_worker(cluster, "naive") for _ in range(forks)]  # noqa: E731
+        out.append(Side("baseline", forks, start, registered(forks), enqueue_baseline))
+    return out
 
 
 def measure(
-    fake: FakeProvider, store: Store, cluster: Cluster, side: str, args: argparse.Namespace
+    side: Side, fake: FakeProcess, r: redis.Redis, args: argparse.Namespace
 ) -> dict[str, Any]:
+    r.flushall()
     fake.reset()
-    procs = start(cluster, side, args.streams)
+    procs = side.start()
     try:
-        for n in range(args.streams):
-            if side == "baseline":
-                enqueue_naive(store.redis, spec(n), queue="naive", retries=0)
-            else:
-                enqueue_job(store, store.redis, spec(n))
-        wait_for(
-            lambda: streaming(fake) >= args.streams,
-            timeout_s=args.timeout_s,
+
+        def ready() -> bool:
+            dead = [p for p in procs if not p.alive()]
+            if dead:
+                raise RuntimeError(f"{side.name}: a process exited: {dead[0].output()[-2000:]}")
+            return side.ready(procs)
+
+        wait_until(
+            ready,
+            deadline=time.monotonic() + args.timeout_s,
             interval_s=0.2,
-            what=f"{args.streams} {side} streams",
+            what=f"{side.name} workers to be ready",
+        )
+        time.sleep(args.idle_s)
+        idle_kb = sum(family_pss_kb(p.pid) for p in procs)
+        side.enqueue(side.streams)
+        wait_until(
+            lambda: fake.streaming() >= side.streams,
+            deadline=time.monotonic() + args.timeout_s,
+            interval_s=0.5,
+            what=f"{side.streams} {side.name} streams",
         )
         time.sleep(args.settle_s)  # let every stream run a while (buffers, flushes)
-        families = [[pss_kb(pid) for pid in family(p.pid)] for p in procs]
-        in_flight = streaming(fake)
+        families = [[family_pss_kb(pid) for pid in family(p.pid)] for p in procs]
+        in_flight = fake.streaming()
     finally:
         for p in procs:
             p.kill()
     total_mb = sum(sum(f) for f in families) / 1024
-    out = {
+    idle_mb = idle_kb / 1024
+    return {
         "processes": sum(len(f) for f in families),
         "streams_in_flight": in_flight,
+        "idle_pss_mb": round(idle_mb, 1),
         "total_pss_mb": round(total_mb, 1),
-        "mb_per_stream": round(total_mb / max(in_flight, 1), 2),
+        "mb_per_stream": round(total_mb / max(in_flight, 1), 3),
+        "mb_per_stream_above_idle": round((total_mb - idle_mb) / max(in_flight, 1), 3),
     }
-    if side != "resumeq_pool":  # a worker and its work horse per stream
-        parents = sorted(f[0] for f in families)
-        horses = sorted(sum(f[1:]) for f in families)
-        out["worker_pss_mb_median"] = round(parents[len(parents) // 2] / 1024, 2)
-        out["horse_pss_mb_median"] = round(horses[len(horses) // 2] / 1024, 2)
-    return out
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--fork-streams", type=int, default=20)
+    parser.add_argument("--token-delay-ms", type=float, default=50.0)
+    parser.add_argument("--idle-s", type=float, default=2.0)
+    parser.add_argument("--settle-s", type=float, default=3.0)
+    parser.add_argument("--timeout-s", type=float, default=180.0)
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="50 streams, 4 forking workers")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.streams, args.fork_streams = 50, 4
+    if args.streams < 1 or args.fork_streams < 1 or args.token_delay_ms <= 0:
+        parser.error("need --streams >= 1, --fork-streams >= 1 and --token-delay-ms > 0")
+    return args
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--streams", type=int, default=20)
-    parser.add_argument("--token-delay-ms", type=float, default=50.0)
-    parser.add_argument("--settle-s", type=float, default=3.0)
-    parser.add_argument("--timeout-s", type=float, default=120.0)
-    parser.add_argument("--no-baseline", action="store_true")
-    args = parser.parse_args(argv)
-    if args.streams < 1 or args.token_delay_ms <= 0:
-        parser.error("need --streams >= 1 and --token-delay-ms > 0")
-    with (
-        tempfile.TemporaryDirectory(prefix="resumeq-memory-") as tmp,
-        RedisServer() as server,
-        FakeProvider(completion_tokens=50_000, token_delay_ms=args.token_delay_ms) as fake,
-    ):
-        profile = {"kind": "openai", "base_url": fake.openai_base_url}
-        config = write_config(
-            Path(tmp) / "resumeq.toml",
-            {"providers": {"fake": profile}, "worker": {"flush_tokens": 32, "flush_ms": 250}},
-        )
-        cluster = Cluster(Path(tmp), redis_url=server.url, config=config)
-        store = Store.from_url(server.url)
-        sides = ["resumeq"] if args.no_baseline else ["resumeq", "baseline", "resumeq_pool"]
-        results: dict[str, Any] = {}
-        try:
-            for side in sides:
-                results[side] = measure(fake, store, cluster, side, args)
-        except TimeoutError:
-            print(cluster.logs(), file=sys.stderr)
-            raise
-        finally:
-            cluster.stop()
-            fake.reset()
-        redis_mb = store.redis.info("memory")["used_memory"] / 2**20
-    ours = results["resumeq"]["mb_per_stream"]
+    args = parse(argv)
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="resumeq-memory-") as tmp, RedisServer() as server:
+        directory = Path(tmp)
+        config_path = directory / "resumeq.toml"
+        cluster = Cluster(directory, redis_url=server.url, config=config_path)
+        with FakeProcess(
+            directory,
+            completion_tokens=COMPLETION_TOKENS,
+            token_delay_ms=args.token_delay_ms,
+            env=cluster.env,
+        ) as fake:
+            profile = {"kind": "openai", "base_url": fake.openai_base_url}
+            write_config(config_path, {"providers": {"fake": profile}, "worker": FLUSH})
+            store = Store.from_url(server.url)
+            results: dict[str, Any] = {}
+            try:
+                for side in sides(cluster, store, fake, args):
+                    results[side.name] = measure(side, fake, store.redis, args)
+            except (TimeoutError, RuntimeError):
+                print(cluster.logs(), file=sys.stderr)
+                raise
+            finally:
+                cluster.stop()
+    ours, arq = results["concurrent"], results["arq"]
     out: dict[str, Any] = {
         "streams": args.streams,
         "token_delay_ms": args.token_delay_ms,
-        "mb_per_stream": ours,
-        "target_mb_per_stream_max": 40,
-        "target_met": ours <= 40,
-        "redis_used_memory_mb_after": round(redis_mb, 2),
-        **results,
+        "mb_per_stream": ours["mb_per_stream"],
+        "mb_per_stream_above_idle": ours["mb_per_stream_above_idle"],
+        "arq_mb_per_stream": arq["mb_per_stream"],
+        "arq_mb_per_stream_above_idle": arq["mb_per_stream_above_idle"],
+        "vs_arq": round(ours["mb_per_stream"] / arq["mb_per_stream"], 3),
+        "fork_streams": args.fork_streams,
+        "mb_per_stream_fork": results["fork"]["mb_per_stream"],
+        "target_mb_per_stream_max": 0.5,
+        "target_vs_arq_max": 2.0,
+        # Other work on the machine (its 2 cores are shared): the 1-minute load average.
+        "load_avg_1m_before": round(load_before, 2),
+        "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }
     if "baseline" in results:
-        out["vs_baseline"] = round(ours / results["baseline"]["mb_per_stream"], 3)
-        out["worker_pool_mb_per_stream"] = results["resumeq_pool"]["mb_per_stream"]
+        out["baseline_mb_per_stream"] = results["baseline"]["mb_per_stream"]
+    out["target_met"] = ours["mb_per_stream"] <= 0.5 and out["vs_arq"] <= 2.0
+    out.update(results)
     print(json.dumps(out))
     return 0
 

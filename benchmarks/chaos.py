@@ -1,15 +1,16 @@
 """The chaos soak: jobs streaming through worker deaths, provider faults and a Redis restart.
 
-Workers are killed and frozen, work horses exit at failpoints between a commit and what must
-follow it, the provider injects random faults and Redis (AOF, appendfsync always) restarts;
-then the checks.
+Workers are killed, frozen and sent SIGTERM (a deploy), worker processes exit at failpoints
+between a commit and what must follow it, the provider injects random faults and Redis (AOF,
+appendfsync always) restarts; then the checks.
 
     python benchmarks/chaos.py [--duration S] [--jobs N] [--workers N] [--fault-probability P]
-                               [--failpoint-probability P] [--keep DIR]
+                               [--failpoint-probability P] [--handoff-every S] [--keep DIR]
 
 Prints one JSON object: jobs, terminal, canonical, lost, duplicated_text, gap,
 inconsistent_events, over_billed, hook_runs, hook_reruns, hooks_missing, hooks_rerun_differed,
-fenced_writes_refused, worker_kills, commit_kills, worker_freezes, redis_restarts,
+fenced_writes_refused, worker_kills, commit_kills, worker_freezes, worker_handoffs,
+handoffs_unclean, handed_off_attempts, redis_restarts,
 faults_injected and more. Exits 1 if any job was lost, spliced wrong or left inconsistent,
 or a done job's hook did not have its effect exactly once, with its final text.
 """
@@ -37,6 +38,9 @@ def main(argv: list[str]) -> int:
         help="chance per hit of the failpoint each worker arms (0: none)",
     )
     parser.add_argument("--kill-every", type=float, default=4.0, help="seconds between kills")
+    parser.add_argument(
+        "--handoff-every", type=float, default=6.0, help="seconds between SIGTERMs (deploys)"
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
         "--keep", type=Path, default=None, help="run in DIR and keep its logs and Redis data"
@@ -54,6 +58,7 @@ def main(argv: list[str]) -> int:
             fault_probability=args.fault_probability,
             failpoint_probability=args.failpoint_probability,
             kill_every_s=args.kill_every,
+            handoff_every_s=args.handoff_every,
             seed=args.seed,
         ),
         keep=args.keep,
@@ -67,7 +72,8 @@ def main(argv: list[str]) -> int:
         + result["hooks_unexpected"]
     )
     inconsistent = result["inconsistent_events"] or result["terminal"] != result["jobs"]
-    return 1 if broken or hooks or inconsistent else 0
+    unclean = result["handoffs_unclean"]  # a deploy's SIGTERM that did not end in a handoff
+    return 1 if broken or hooks or inconsistent or unclean else 0
 
 
 if __name__ == "__main__":

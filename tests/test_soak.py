@@ -17,10 +17,11 @@ def test_short_chaos_soak_loses_nothing() -> None:
             duration_s=8,
             kill_every_s=3,
             freeze_every_s=8,
+            handoff_every_s=4,
             redis_restarts=0,
             # Short: some 35 exits and 25 outbox entries carried out by workers, each worker
             # arming one of the two failpoints; a chance high enough that every run sees
-            # work horses die at them.
+            # workers die at them (each death ends every stream of that process).
             failpoint_probability=0.3,
             settle_timeout_s=120,
         )
@@ -36,5 +37,8 @@ def test_short_chaos_soak_loses_nothing() -> None:
     assert result["hooks_missing"] == result["hooks_rerun_differed"] == 0, result
     assert result["hooks_stale_text"] == result["hooks_unexpected"] == 0, result
     assert result["worker_kills"] >= 2 and result["worker_freezes"] >= 1, result
+    # deploys: every worker sent a SIGTERM handed its streams on and exited 0 in time
+    assert result["worker_handoffs"] >= 1 and result["handoffs_unclean"] == 0, result
+    assert result["handed_off_attempts"] >= 1, result
     assert result["commit_kills"] >= 1, result
     assert result["faults_injected"] >= 1, result

@@ -1,18 +1,19 @@
-"""The chaos soak: many jobs, workers killed and frozen, attempts killed between a commit
-and what must follow it, provider faults, a Redis restart — then a check that nothing was
-lost, nothing spliced twice, no replay was paid for, and every done job's hook ran once.
+"""The chaos soak: many jobs, workers killed, frozen and sent SIGTERM (a deploy: they hand
+their streams on), processes killed between a commit and what must follow it, provider
+faults, a Redis restart — then a check that nothing was lost, nothing spliced twice, no
+replay was paid for, and every done job's hook ran once.
 
-Real parts throughout: a redis-server with AOF (``appendfsync always``), worker and janitor
-processes, the fake provider over HTTP with seeded random faults. ``benchmarks/chaos.py``
-runs the long version; the test suite runs a short one.
+Real parts throughout: a redis-server with AOF (``appendfsync always``), concurrent worker
+and janitor processes, the fake provider over HTTP with seeded random faults.
+``benchmarks/chaos.py`` runs the long version; the test suite runs a short one.
 
 The workers run with a failpoint armed (:mod:`resumeq.failpoints`): each worker process
-arms one of the two, in turn (``ARMING_ORDER``), so that a work horse which exits with 137
-is known to have died at that point — right after its exit's commit (``after_commit``) or
-after carrying out an outbox entry but before marking it done (``after_follow_up``). RQ's
-worker process survives its work horse and logs the exit; those lines are what
-``commit_kills`` counts. Two jobs in three name a hook (:mod:`resumeq.testing.soak_hooks`)
-that records each of its runs in Redis.
+arms one of the two, in turn (``ARMING_ORDER``), so that a worker that exits with 137 is
+known to have died at that point, with every stream it ran — right after an exit's commit
+(``after_commit``) or after carrying out an outbox entry but before marking it done
+(``after_follow_up``); those exits are what ``commit_kills`` counts (and, for a forking
+worker, the lines its parent logs for a work horse that died so). Two jobs in three name a
+hook (:mod:`resumeq.testing.soak_hooks`) that records each of its runs in Redis.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ FAULT_KINDS = ("disconnect", "truncate", "malformed", "error_event", "stall", "s
 #: How long after the last job became terminal its hooks may take to run: the janitor
 #: carries out a dead committer's outbox after ``outbox.JANITOR_GRACE_MS``.
 HOOK_SETTLE_S = 30.0
+#: A worker sent a SIGTERM must have handed its streams on and exited within this long.
+HANDOFF_GRACE_S = 5.0
 #: The failpoint each new worker process arms, in turn. ``after_follow_up`` is hit only where
 #: a worker carried out an outbox entry, ``after_commit`` at every exit: of an odd number of
 #: workers, the first gets one more.
@@ -64,6 +67,8 @@ class SoakConfig:
     fault_probability: float = 0.2
     kill_every_s: float = 4.0
     freeze_every_s: float = 25.0
+    #: A SIGTERM (a deploy) to a worker this often: it hands its streams on and exits.
+    handoff_every_s: float = 6.0
     redis_restarts: int = 1
     completion_tokens: int = 160
     token_delay_ms: float = 2.0
@@ -81,6 +86,9 @@ class Chaos:
 
     worker_kills: int = 0
     worker_freezes: int = 0
+    worker_handoffs: int = 0
+    #: Handed-off workers that did not exit 0 within the grace period (and were killed).
+    handoffs_unclean: int = 0
     #: Worker processes that ended without being killed by the soak.
     worker_exits: int = 0
     redis_restarts: int = 0
@@ -106,6 +114,8 @@ class Soak:
         #: Every worker process started, with the failpoint it armed.
         self.spawned: list[tuple[Proc, str | None]] = []
         self.killed: set[int] = set()
+        #: Workers sent a SIGTERM, with the time by which they must have exited.
+        self.handed_off: dict[int, float] = {}
         self.frozen: list[tuple[Proc, float]] = []
         self._excess: dict[str, int] = {}
 
@@ -133,8 +143,8 @@ class Soak:
                 cluster.janitor(interval_s=0.5)
                 cluster.janitor(interval_s=0.7)
                 ids = self._drive(cluster, server, store)
-                self._settle(store, ids)
-                self._settle_hooks(store, ids)
+                self._settle(cluster, store, ids)
+                self._settle_hooks(cluster, store, ids)
                 logs = cluster.logs(tail=None)
             finally:
                 cluster.stop()
@@ -175,6 +185,7 @@ class Soak:
         ]
         next_kill = start + c.kill_every_s
         next_freeze = start + c.freeze_every_s / 2
+        next_handoff = start + c.handoff_every_s / 2
         ids: list[str] = []
         while True:
             now = time.monotonic()
@@ -196,6 +207,8 @@ class Soak:
             if now >= next_freeze:
                 self._freeze_one()
                 next_freeze = now + c.freeze_every_s * self.rng.uniform(0.5, 1.5)
+            if now >= next_handoff and self._hand_off_one(store):
+                next_handoff = now + c.handoff_every_s * self.rng.uniform(0.5, 1.5)
             self._thaw(now)
             if restarts_at and elapsed >= restarts_at[0]:
                 restarts_at.pop(0)
@@ -230,6 +243,33 @@ class Soak:
         self.killed.add(victim.pid)
         self.chaos.worker_kills += 1
         self.chaos.events.append(f"killed worker {victim.pid}")
+
+    def _hand_off_one(self, store: Store) -> bool:
+        """SIGTERM the worker holding the most leases, as a deploy does — to the process
+        alone or to its process group, in turn: it must hand every stream on and exit 0
+        within the grace period. False (try again soon) while no worker streams."""
+        busy = [w for w in self.workers if w.alive() and all(w is not f for f, _ in self.frozen)]
+        held: dict[int, int] = {}
+        try:
+            for job_id in store.in_state("running", limit=1000):
+                token = store.get(job_id).lease_token or ""
+                pid = token.split(":")[1].rsplit("-", 1)[-1] if ":" in token else ""
+                if pid.isdigit():
+                    held[int(pid)] = held.get(int(pid), 0) + 1
+        except Exception:  # Redis restarting: any worker will do
+            held = {}
+        busy = [w for w in busy if held.get(w.pid)]
+        if not busy:
+            return False
+        victim = max(busy, key=lambda w: (held[w.pid], self.rng.random()))
+        if self.chaos.worker_handoffs % 2:
+            os.killpg(victim.pid, signal.SIGTERM)
+        else:
+            os.kill(victim.pid, signal.SIGTERM)
+        self.handed_off[victim.pid] = time.monotonic() + HANDOFF_GRACE_S
+        self.chaos.worker_handoffs += 1
+        self.chaos.events.append(f"SIGTERM to worker {victim.pid}, holding {held[victim.pid]}")
+        return True
 
     def _freeze_one(self) -> None:
         candidates = [
@@ -266,8 +306,18 @@ class Soak:
 
     def _respawn(self, cluster: Cluster) -> None:
         for proc in list(self.workers):
+            grace = self.handed_off.get(proc.pid)
+            if grace is not None and proc.alive() and time.monotonic() > grace:
+                self.chaos.handoffs_unclean += 1
+                self.chaos.events.append(f"worker {proc.pid} still running after its SIGTERM")
+                proc.kill()
+                self.killed.add(proc.pid)
             if not proc.alive():
-                if proc.pid not in self.killed:
+                # A worker signalled while it was still starting, before it ran anything, ends
+                # as SIGTERM's default: nothing to hand on.
+                if grace is not None and proc.popen.returncode not in (0, -signal.SIGTERM):
+                    self.chaos.handoffs_unclean += 1
+                if proc.pid not in self.killed and grace is None:
                     self.chaos.worker_exits += 1
                     self.chaos.events.append(
                         f"worker {proc.pid} exited by itself: {proc.popen.returncode}"
@@ -275,10 +325,13 @@ class Soak:
                 self.workers.remove(proc)
                 self.workers.append(self._worker(cluster))
 
-    def _settle(self, store: Store, ids: list[str]) -> None:
+    def _settle(self, cluster: Cluster, store: Store, ids: list[str]) -> None:
+        """Until every job ended. Workers that end meanwhile (a failpoint ends the process,
+        with every stream it runs) are replaced, as their supervisor would."""
         deadline = time.monotonic() + self.config.settle_timeout_s
         pending = set(ids)
         while pending and time.monotonic() < deadline:
+            self._respawn(cluster)
             for job_id in list(pending):
                 try:
                     state = store.get(job_id).state.value
@@ -288,7 +341,7 @@ class Soak:
                     pending.discard(job_id)
             time.sleep(0.5)
 
-    def _settle_hooks(self, store: Store, ids: list[str]) -> None:
+    def _settle_hooks(self, cluster: Cluster, store: Store, ids: list[str]) -> None:
         """Wait until every done job that names the hook has a run, no outbox is pending and
         the queue is empty (or ``HOOK_SETTLE_S`` has passed)."""
         deadline = time.monotonic() + HOOK_SETTLE_S
@@ -296,6 +349,7 @@ class Soak:
         # The soak's specs name no queue: every job, and every hook, is on the default one.
         queue = rq_queue(self._retrying(lambda: store.get(ids[0]).queue), store.redis)
         while time.monotonic() < deadline:
+            self._respawn(cluster)
             try:
                 if (
                     expected <= set(_hook_runs(store))
@@ -342,6 +396,11 @@ class Soak:
             **{f"kills_{point}": kills[point] for point in failpoints.NAMES},
             "worker_exits": self.chaos.worker_exits,
             "worker_freezes": self.chaos.worker_freezes,
+            "worker_handoffs": self.chaos.worker_handoffs,
+            "handoffs_unclean": self.chaos.handoffs_unclean,
+            "handed_off_attempts": sum(
+                1 for j in ids for a in store.ledger(j) if a.get("outcome") == "handoff"
+            ),
             "redis_restarts": self.chaos.redis_restarts,
             "faults_injected": sum(1 for r in journal if r.get("fault")),
             "requests": len(journal),

@@ -113,7 +113,7 @@ def start_workers(clusters: list[Cluster], tmp: Path, redis_url: str, base_url: 
         if flush is None:
             baseline_worker(cluster, "bare")
         else:
-            cluster.worker(side)
+            cluster.worker(side, concurrency=1)  # one stream at a time, as the baseline
 
 
 def run_rounds(store: Store, args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:

@@ -116,6 +116,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--tokens", type=int, default=50)
     parser.add_argument("--workers", type=int, default=4, help="per side")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="attempts per resumeq worker process (1: as many streams at once as the baseline)",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per round")
     args = parser.parse_args(argv)
@@ -137,7 +143,7 @@ def main(argv: list[str]) -> int:
         rounds: dict[str, list[dict[str, Any]]] = {"resumeq": [], "baseline": []}
         try:
             for _ in range(args.workers):
-                cluster.worker(QUEUES["resumeq"])
+                cluster.worker(QUEUES["resumeq"], concurrency=args.concurrency)
                 baseline_worker(cluster, QUEUES["baseline"])
             wait_for(
                 lambda: len(store.redis.smembers("rq:workers")) >= 2 * args.workers,
@@ -162,6 +168,7 @@ def main(argv: list[str]) -> int:
         "jobs": args.jobs,
         "tokens_per_job": args.tokens,
         "workers_per_side": args.workers,
+        "resumeq_concurrency": args.concurrency,
         "repeats": args.repeats,
         "jobs_per_s_ratio": median(ratios),
         "target_jobs_per_s_ratio_min": 0.80,

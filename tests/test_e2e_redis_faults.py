@@ -73,3 +73,31 @@ def test_redis_unreachable_past_the_lease_stops_the_stream_then_resumes(
     assert kinds[0] == "fresh" and "resume" in kinds
     billed = sum(r["output_tokens_billed"] for r in world.requests_for(prompt))
     assert billed < 3000 + 1500  # a continuation, not a replay
+
+
+def test_redis_unreachable_past_the_lease_stops_fifty_streams_then_resumes_them(
+    world: World, aof_server: RedisServer
+) -> None:
+    world.fake.completion_tokens = 600
+    world.fake.token_delay_ms = 20
+    world.cluster.worker(concurrency=50)
+    world.cluster.janitor()
+    prompts = [f"Stream {i:02d} of fifty through a Redis outage." for i in range(50)]
+    job_ids = [world.enqueue(p, budget_tokens=800) for p in prompts]
+    for job_id in job_ids:
+        world.wait_spent(job_id, 16, timeout_s=40)
+    assert aof_server.process is not None
+    aof_server.process.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(8)  # well past the 4 s lease
+        # Every stream was closed once its lease was surely gone: the provider stopped.
+        firsts = [world.requests_for(p)[0] for p in prompts]
+        assert all(f["outcome"] != "in_progress" for f in firsts), [f["outcome"] for f in firsts]
+    finally:
+        world.fake.token_delay_ms = 0
+        aof_server.process.send_signal(signal.SIGCONT)
+    for job_id, prompt in zip(job_ids, prompts, strict=True):
+        record = world.wait_state(job_id, {"done", "failed", "spilled", "abandoned"}, timeout_s=90)
+        assert record.state.value == "done", (job_id, record.error)
+        # nothing written after the fence: the text is exactly the canonical answer
+        assert world.store.text(job_id) == world.canonical(prompt)

@@ -219,6 +219,8 @@ class ConcurrentWorker(BaseWorker):
             self.run_maintenance_tasks()
         self._rq_heartbeats()
         self._publish_load()
+        if self.get_state() == WorkerStatus.BUSY and not self.in_flight():
+            self.set_state(WorkerStatus.IDLE)  # ``rq info``: busy exactly while attempts run
         if not self._slots.acquire(timeout=DEQUEUE_WAIT_S):
             return 0
         taken = self._dequeue(block=not burst)

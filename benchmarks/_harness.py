@@ -258,6 +258,13 @@ class FakeProcess:
     def reset(self) -> None:
         self.http.post("/_fake/reset", json={}).raise_for_status()
 
+    def warm(self, prompt: str) -> None:
+        """Have the fake plan ``prompt``'s completion now (``POST /_fake/canonical``): it keeps
+        the plan, and streams that start together then do not all plan it at once (a long
+        completion takes a few hundred ms of CPU to plan)."""
+        body = {"messages": [{"role": "user", "content": prompt}]}
+        self.http.post("/_fake/canonical", json=body).raise_for_status()
+
     def stats(self) -> dict[str, Any] | None:
         """``GET /_fake/stats`` (the provider's own CPU seconds), or None where it has none."""
         with contextlib.suppress(httpx.HTTPError, ValueError):

@@ -345,6 +345,11 @@ def resumeq_step(env: Env, streams: int) -> dict[str, Any]:
     finally:
         worker.kill()
     own_lag_s = load["resumeq_lease_lag_ms"] / 1000 if "resumeq_lease_lag_ms" in load else None
+    lines = worker.output().splitlines()
+
+    def logged(text: str) -> int:
+        return sum(1 for line in lines if text in line)
+
     window = (start.at, end.at)
     delivered = sum(durable_at(p, end.at) - durable_at(p, start.at) for p in points)
     offered = streams * (end.at - start.at) / delay_s
@@ -380,6 +385,11 @@ def resumeq_step(env: Env, streams: int) -> dict[str, Any]:
         "in_flight_after": in_flight,
         "worker_in_flight": load.get("resumeq_in_flight"),
         "streams_without_delay": unmeasured,
+        # what went wrong in the worker, by its log lines: Redis calls that failed (of them,
+        # for want of a free connection in the pool), leases lost
+        "worker_log_redis_unreachable": logged("Redis unreachable"),
+        "worker_log_no_connection": logged("No connection available"),
+        "worker_log_leases_lost": logged("lease lost"),
         "fake_schedule_drift_ms_max": round(max(drift, default=0.0) * 1000, 1),
         "fake_first_token_ms_max": round(max(first_token, default=0.0) * 1000, 1),
     }
@@ -550,6 +560,7 @@ def main(argv: list[str]) -> int:
         ) as fake:
             profile = {"kind": "openai", "base_url": fake.openai_base_url}
             write_config(config_path, {"providers": {"fake": profile}, "worker": FLUSH})
+            fake.warm(PROMPT)
             store = Store.from_url(server.url)
             connection = redis.Redis.from_url(server.url)
             env = Env(cluster, store, connection, server.process.pid, fake, args)

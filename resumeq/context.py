@@ -52,7 +52,12 @@ class HttpClients:
                 size = profile.max_connections or self.concurrency
                 client = httpx.Client(
                     verify=_SSL_CONTEXT or True,
-                    limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+                    # HTTP/1.1 (benchmarks/http2.py: HTTP/2 costs the same CPU per token, and
+                    # httpx's shares one connection badly between threads); every connection
+                    # kept alive a minute, so a continuation reuses one (no new TLS handshake)
+                    limits=httpx.Limits(
+                        max_connections=size, max_keepalive_connections=size, keepalive_expiry=60
+                    ),
                 )
                 self._clients[name] = client
             return client

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,9 +22,10 @@ from resumeq.fake.faults import Fault
 from resumeq.fake.journal import Exchange
 from resumeq.fake.llamacpp import llamacpp_tokenize
 from resumeq.fake.openai_wire import OpenAIWire
+from resumeq.fake.pacer import Pacer, run_inline
 from resumeq.fake.plan import Plan, plan
 from resumeq.fake.state import FakeState
-from resumeq.fake.stream import Pacing, Sink, send_stream
+from resumeq.fake.stream import stream_steps
 from resumeq.fake.vllm import vllm_tokenize
 from resumeq.fake.wire import (
     ErrorReply,
@@ -53,14 +55,70 @@ class Call:
 
 
 class FakeHTTPServer(ThreadingHTTPServer):
+    """A thread per connection (named ``{name}:conn``, metered), one pacing thread for the
+    streams with a token delay (:mod:`resumeq.fake.pacer`), and a listen backlog for a
+    thousand clients connecting at once (the kernel may cap it: ``net.core.somaxconn``)."""
+
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 4096
 
-    def __init__(self, address: tuple[str, int], state: FakeState) -> None:
+    def __init__(self, address: tuple[str, int], state: FakeState, name: str) -> None:
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.state = state
         super().__init__(address, FakeHandler)
+        self.name = f"{name}:{self.server_address[1]}"
+        self.pacer = Pacer(state.stopped, state.cpu, f"{self.name}:pacer")
+        self._lock = threading.Lock()
+        self._connections: set[socket.socket] = set()
+        self._connection_threads: list[threading.Thread] = []
+        self._reap_at = 64
+
+    def run(self) -> None:
+        """Accept connections until :meth:`shutdown` (the accepting thread's body)."""
+        with self.state.cpu.thread():
+            self.serve_forever(poll_interval=0.05)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        thread = threading.Thread(
+            target=self._connection,
+            args=(request, client_address),
+            name=f"{self.name}:conn",
+            daemon=True,
+        )
+        with self._lock:
+            self._connections.add(request)
+            self._connection_threads.append(thread)
+            # Reaped now and then: the list stays near the threads alive, at a cost amortised.
+            if len(self._connection_threads) >= self._reap_at:
+                self._connection_threads = [t for t in self._connection_threads if t.is_alive()]
+                self._reap_at = max(64, 2 * len(self._connection_threads))
+        thread.start()
+
+    def _connection(self, request: Any, client_address: Any) -> None:
+        with self.state.cpu.thread():
+            self.process_request_thread(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._lock:  # out of the set before it is closed (see close_connections)
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """Hang up on every connection, busy or idle (a keep-alive connection's thread waits
+        for its next request): their threads end."""
+        with self._lock:
+            for connection in self._connections:
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
+
+    def join_connections(self) -> None:
+        with self._lock:
+            threads, self._connection_threads = self._connection_threads, []
+        for thread in threads:
+            if thread.is_alive():
+                thread.join()
 
 
 class FakeHandler(BaseHTTPRequestHandler):
@@ -121,6 +179,7 @@ class FakeHandler(BaseHTTPRequestHandler):
             "/_fake/requests": self.state.journal.snapshot,
             "/_fake/faults": self.state.faults.pending,
             "/_fake/config": self._config,
+            "/_fake/stats": self._stats,
             "/_fake/health": lambda: {"ok": True},
             "/health": lambda: {"ok": True},
         }
@@ -221,15 +280,21 @@ class FakeHandler(BaseHTTPRequestHandler):
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
         call.exchange.status = 200
-        pacing = Pacing(self.state.token_delay_ms / 1000.0, self.state.stopped)
-        sink = Sink(self.wfile, self.connection)
+        delay_s = self.state.token_delay_ms / 1000.0
         fmt = call.wire.stream_format(call.request, call.usage)
+        steps = stream_steps(
+            fmt, call.completion, fault=call.fault, exchange=call.exchange, delay_s=delay_s
+        )
         try:
-            keep = send_stream(
-                sink, fmt, call.completion, fault=call.fault, exchange=call.exchange, pacing=pacing
-            )
-        except OSError:
-            call.exchange.outcome, keep = "client_gone", False
+            if delay_s > 0:
+                keep = self.server.pacer.run(
+                    self.connection, steps, self.wfile.write, call.exchange
+                )
+            else:
+                keep = run_inline(steps, self.wfile.write, self.state.stopped)
+        except OSError:  # the client hung up, or the server did (stop)
+            gone = "server_stopped" if self.state.stopped.is_set() else "client_gone"
+            call.exchange.outcome, keep = gone, False
         if not keep:
             self._drop()
 
@@ -281,6 +346,13 @@ class FakeHandler(BaseHTTPRequestHandler):
         if self.state.chaos is not None:  # the key appears only while chaos is on
             config["chaos"] = self.state.chaos.describe()
         return config
+
+    def _stats(self) -> dict[str, Any]:
+        return {
+            "cpu_seconds": self.state.cpu.seconds(),
+            "threads": self.state.cpu.threads(),
+            "paced_streams": self.server.pacer.active(),
+        }
 
     def _admin(self, route: str, body: Any) -> None:
         state = self.state

@@ -17,6 +17,9 @@ from resumeq.fake.handler import FakeHTTPServer
 from resumeq.fake.plan import canonical_for, reasoning_tokens
 from resumeq.fake.state import FakeState
 
+#: What the provider's threads are named after (then the port, then the role).
+THREAD_NAME = "resumeq-fake-provider"
+
 
 class FakeProvider:
     """A loopback HTTP server speaking the OpenAI and Anthropic wires (SPEC §14, §15).
@@ -59,25 +62,25 @@ class FakeProvider:
         if self._server is not None:
             raise RuntimeError("the fake provider is already running")
         self.state.stopped.clear()
-        server = FakeHTTPServer((self.host, self._requested_port), self.state)
-        thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name=f"resumeq-fake-provider:{server.server_address[1]}",
-            daemon=True,
-        )
+        server = FakeHTTPServer((self.host, self._requested_port), self.state, THREAD_NAME)
+        thread = threading.Thread(target=server.run, name=server.name, daemon=True)
+        server.pacer.start()
         thread.start()
         self._server, self._thread = server, thread
         return self
 
     def stop(self) -> None:
-        """Stop serving; streams in progress (and stalls) end at once."""
+        """Stop serving; streams in progress (and stalls) end at once, connections close and
+        every thread of the provider's has ended on return."""
         server, thread = self._server, self._thread
         if server is None or thread is None:
             return
         self.state.stopped.set()
         server.shutdown()
+        server.pacer.stop()
+        server.close_connections()
         server.server_close()
+        server.join_connections()
         thread.join()
         self._server = self._thread = None
 
@@ -186,6 +189,12 @@ class FakeProvider:
             if not busy or time.monotonic() >= deadline:
                 return snapshot
             time.sleep(0.01)
+
+    def cpu_seconds(self) -> float:
+        """The CPU time (user and system, in seconds) the provider's own threads have used
+        since it was made, over every start, not the rest of the process's: take the
+        difference of two readings for a span (also ``GET /_fake/stats``)."""
+        return self.state.cpu.seconds()
 
     def canonical_tokens(self, messages: Sequence[Any], system: Any = None) -> list[str]:
         """The canonical completion of a conversation, token by token. ``messages`` as either

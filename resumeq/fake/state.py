@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass, field
 
 from resumeq.fake.chaos import Chaos
+from resumeq.fake.cpu import CpuMeter
 from resumeq.fake.engine import Engine
 from resumeq.fake.faults import FaultQueue
 from resumeq.fake.journal import Journal
@@ -23,6 +24,8 @@ class FakeState:
     stopped: threading.Event = field(default_factory=threading.Event)
     #: Seeded random faults, applied when no queued fault is pending.
     chaos: Chaos | None = None
+    #: The CPU time of the provider's threads, over every start (a reset keeps it).
+    cpu: CpuMeter = field(default_factory=CpuMeter)
 
     def reset(self) -> None:
         """Clear faults, chaos, journal and prompt cache (the rest of the configuration

@@ -7,11 +7,7 @@ reasoning and text counted together, before anything else is sent (a group is cu
 
 from __future__ import annotations
 
-import contextlib
-import io
-import socket
-import threading
-from dataclasses import dataclass
+from collections.abc import Generator
 from typing import Protocol
 
 from resumeq.fake.faults import Fault
@@ -42,92 +38,76 @@ class StreamFormat(Protocol):
     def malformed(self) -> bytes: ...
 
 
-class Sink:
-    """The body of a ``Transfer-Encoding: chunked`` response: one write per event."""
-
-    def __init__(self, wfile: io.BufferedIOBase, connection: socket.socket) -> None:
-        self._wfile = wfile
-        self._connection = connection
-
-    def event(self, data: bytes) -> None:
-        self._wfile.write(b"%x\r\n%b\r\n" % (len(data), data))
-
-    def end(self) -> None:
-        """Finish the body cleanly (the terminating zero-length chunk)."""
-        self._wfile.write(b"0\r\n\r\n")
-
-    def cut(self) -> None:
-        """Drop the connection mid-body: the client sees an incomplete chunked read."""
-        with contextlib.suppress(OSError):
-            self._connection.shutdown(socket.SHUT_RDWR)
+#: What :func:`stream_steps` yields: an HTTP chunk to send (framed), or a pause in seconds.
+Step = bytes | float
+#: A stream's steps. A pause's ``yield`` receives True when the server stopped during it; the
+#: value returned is True when the connection may be kept alive (False: drop it).
+Steps = Generator[Step, bool | None, bool]
 
 
-@dataclass(frozen=True)
-class Pacing:
-    delay_s: float
-    stopped: threading.Event
+def chunk(data: bytes) -> bytes:
+    """``data`` as one chunk of a ``Transfer-Encoding: chunked`` body."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
 
 
-def send_stream(
-    sink: Sink,
-    fmt: StreamFormat,
-    completion: Plan,
-    *,
-    fault: Fault | None,
-    exchange: Exchange,
-    pacing: Pacing,
-) -> bool:
-    """Stream the completion's pieces; return True when the connection may be kept alive."""
+#: The terminating zero-length chunk: the body ends cleanly.
+END = b"0\r\n\r\n"
+
+
+def stream_steps(
+    fmt: StreamFormat, completion: Plan, *, fault: Fault | None, exchange: Exchange, delay_s: float
+) -> Steps:
+    """The completion's pieces as chunks, with the pauses between them (``delay_s`` per token,
+    none before the first). What sends the chunks and keeps the pauses is the caller's
+    (:mod:`resumeq.fake.pacer`); a connection to drop is dropped there too."""
     cut_at = min(fault.after_tokens, completion.tokens) if fault is not None else -1
     emitted = 0
     for data in fmt.opening():
-        sink.event(data)
+        yield chunk(data)
     for part, pieces in completion.parts():
         journal = exchange.reasoning_pieces if part == "reasoning" else exchange.pieces
         for data in fmt.start(part):
-            sink.event(data)
+            yield chunk(data)
         sent = 0
         while sent < len(pieces) and emitted != cut_at:
             size = min(fmt.group(part, emitted), len(pieces) - sent)
             if cut_at >= 0:
                 size = min(size, cut_at - emitted)
             # The pause is per token; none before the first.
-            pause = pacing.delay_s * (size - 1 if emitted == 0 else size)
-            if pause and pacing.stopped.wait(pause):
+            pause = delay_s * (size - 1 if emitted == 0 else size)
+            if pause and (yield pause):
                 exchange.outcome = "server_stopped"
-                sink.cut()
                 return False
             group = pieces[sent : sent + size]
-            sink.event(fmt.delta(part, "".join(group), emitted + size))
+            yield chunk(fmt.delta(part, "".join(group), emitted + size))
             journal.extend(group)
             sent, emitted = sent + size, emitted + size
         if emitted == cut_at and fault is not None:
-            return _apply(sink, fmt, fault, exchange, pacing)
+            return (yield from _apply(fmt, fault, exchange))
         for data in fmt.stop(part):
-            sink.event(data)
+            yield chunk(data)
     for data in fmt.closing(completion.finish, emitted, len(completion.reasoning)):
-        sink.event(data)
-    sink.end()
+        yield chunk(data)
+    yield END
     exchange.outcome = "finished"
     exchange.finish_reason = completion.finish
     return True
 
 
-def _apply(sink: Sink, fmt: StreamFormat, fault: Fault, exchange: Exchange, pacing: Pacing) -> bool:
+def _apply(fmt: StreamFormat, fault: Fault, exchange: Exchange) -> Steps:
     exchange.outcome = fault.kind
     if fault.kind == "truncate":
-        sink.end()
+        yield END
         return True
     if fault.kind == "malformed":
-        sink.event(fmt.malformed())
-        sink.end()
+        yield chunk(fmt.malformed())
+        yield END
         return True
     if fault.kind == "error_event":
         for data in fmt.error():
-            sink.event(data)
-        sink.end()
+            yield chunk(data)
+        yield END
         return True
-    if fault.kind == "stall":
-        pacing.stopped.wait(fault.seconds)
-    sink.cut()
+    if fault.kind == "stall" and fault.seconds > 0:
+        yield fault.seconds  # ended early by a stop, it closes all the same
     return False

@@ -21,15 +21,16 @@ heartbeat), finished through ``handle_job_success`` / ``handle_job_failure`` lik
 - **Scheduler**: RQ's, in a thread of this process — it cannot outlive its worker.
 - **Stop**: the first SIGTERM or SIGINT is a *handoff*: no more dequeues, every stream in
   flight is closed, made durable and its job handed back to its queue at once (ledger
-  outcome ``handoff``), then the process exits. A second signal is a cold stop (the
-  leases expire and a janitor resumes the jobs). RQ's ``stop-job`` command cancels that
-  attempt's job, which stops exactly its stream.
+  outcome ``handoff``), then the process exits. A second signal is a cold stop: the
+  process ends at once, as if killed (the leases expire and a janitor resumes the jobs).
+  RQ's ``stop-job`` command cancels that attempt's job, which stops exactly its stream.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -164,6 +165,7 @@ class ConcurrentWorker(BaseWorker):
         self._dequeue_wait_s: float = DEQUEUE_WAIT_S
         self._last_rq_heartbeat = 0.0
         self._last_load = 0.0
+        self._last_suspension_check = 0.0
 
     # -- what the worker is doing ------------------------------------------------------
 
@@ -214,7 +216,10 @@ class ConcurrentWorker(BaseWorker):
     def _step(self, burst: bool) -> int | None:
         """One turn of the loop: start at most one attempt (answers 1 or 0), or None when
         a burst is done."""
-        self.check_for_suspension(burst)
+        at = time.monotonic()
+        if at - self._last_suspension_check >= 1.0:  # ``rq suspend``: a Redis read, once a second
+            self._last_suspension_check = at
+            self.check_for_suspension(burst)
         if self.should_run_maintenance_tasks:
             self.run_maintenance_tasks()
         self._rq_heartbeats()
@@ -350,7 +355,10 @@ class ConcurrentWorker(BaseWorker):
                 len(self._running),
             )
             self._cold = True
-            raise SystemExit(1)
+            # At once, as a SIGKILL would: not one more write (Redis may be what holds the
+            # handoff up). The leases expire and a janitor resumes the jobs.
+            logging.shutdown()
+            os._exit(1)
         self.log.info(
             "Worker %s: %s, handing off %d attempt(s)",
             self.name,

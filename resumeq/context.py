@@ -131,6 +131,8 @@ class WorkerContext:
         self.leases.close()
         self.http.close()
         self.redis.close()
+        if self.leases.store.redis is not self.redis:
+            self.leases.store.redis.close()
 
 
 _CURRENT: WorkerContext | None = None
@@ -153,12 +155,15 @@ def worker_name() -> str:
 
 def redis_pool_size(concurrency: int) -> int:
     """Connections for ``concurrency`` attempts at once: a checkpoint holds one for a round
-    trip only, so a few dozen serve hundreds of streams; the lease keeper and a worker's own
-    bookkeeping need a few more."""
-    return min(concurrency, 32) + 4
+    trip only, so a few dozen serve hundreds of streams (a thread holding one may wait for
+    the interpreter lock meanwhile: there are more at more streams); a worker's own
+    bookkeeping needs a few more. The lease keeper has a connection of its own."""
+    return min(concurrency, 64) + 8
 
 
-def redis_client(settings: Settings, *, concurrency: int = 1) -> redis.Redis:
+def redis_client(
+    settings: Settings, *, concurrency: int = 1, pool_size: int | None = None
+) -> redis.Redis:
     """A client that fails fast and never re-sends on its own: a Redis call that hangs
     would hold up the stream, and the checkpointer, the heartbeat and the store re-send
     their writes themselves, recognisably, until the lease would have expired. Its pool is
@@ -170,7 +175,7 @@ def redis_client(settings: Settings, *, concurrency: int = 1) -> redis.Redis:
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         health_check_interval=30,
-        pool_size=redis_pool_size(concurrency),
+        pool_size=pool_size or redis_pool_size(concurrency),
         pool_timeout_s=timeout,
     )
 
@@ -179,6 +184,9 @@ def build_context(settings: Settings, *, concurrency: int = 1) -> WorkerContext:
     client = redis_client(settings, concurrency=concurrency)
     file = settings.file
     store = Store(client, settings=file.store, limits=file.limits)
+    # The lease keeper renews on a connection of its own: checkpoints queueing for the
+    # shared pool never hold up a renewal (a late renewal is a lost lease).
+    renewing = Store(redis_client(settings, pool_size=1), settings=file.store, limits=file.limits)
     return WorkerContext(
         settings=settings,
         store=store,
@@ -186,7 +194,7 @@ def build_context(settings: Settings, *, concurrency: int = 1) -> WorkerContext:
         http=HttpClients(concurrency),
         name=worker_name(),
         pid=os.getpid(),
-        leases=LeaseKeeper(store),
+        leases=LeaseKeeper(renewing),
     )
 
 

@@ -194,7 +194,7 @@ def test_a_second_signal_is_a_cold_stop(world: World) -> None:
 
 
 def test_sigkill_of_fifty_streams_costs_at_most_a_flush_each(world: World) -> None:
-    world.fake.completion_tokens = 300
+    world.fake.completion_tokens = 1000
     world.fake.token_delay_ms = 20
     victim = world.cluster.worker(concurrency=50)
     texts = prompts(50, "killed")

@@ -51,7 +51,8 @@ bench: $(STAMP) redis-server
 	$(BIN)/python benchmarks/cost.py --jobs 20 --repeats 1
 	$(BIN)/python benchmarks/overhead.py --tokens 5000 --repeats 3
 	$(BIN)/python benchmarks/throughput.py --jobs 100 --repeats 1
-	$(BIN)/python benchmarks/memory.py --streams 6
+	$(BIN)/python benchmarks/memory.py --quick
+	$(BIN)/python benchmarks/concurrency.py --quick
 	$(BIN)/python benchmarks/splice_corpus.py --seeds 1 --cuts 100
 	$(BIN)/python benchmarks/footprint.py --jobs 5
 

@@ -5,12 +5,17 @@ Each sweep:
 1. reaps every job whose lease deadline has passed (atomically: one janitor wins each
    job), asks the gate with a ``worker_died`` cut, and requeues a continuation, spills,
    abandons or fails it — writing the dead attempt's ledger record — and settles the dead
-   attempt's RQ job: failed with the reason if the job failed, else canceled (handed on);
+   attempt's RQ job: failed with the reason if the job failed, else canceled (handed on).
+   A process that dies takes all its streams with it, so this works in batches of up to
+   ``REAP_BATCH`` jobs: the gate still decides for each job on its own, but each step's
+   Redis I/O (the reaps, the reads, the exits with their ledger records, the next
+   attempts' enqueues, RQ's registries) is one pipelined round trip for the whole batch;
 2. carries out outbox entries their committer left behind (it died between a commit and
    what must follow it: the next attempt's enqueue with its due time, the hooks), and
-   forgets outboxes that expired with their job;
+   forgets outboxes that expired with their job — in one batch too;
 3. finds ``queued`` jobs whose RQ job has vanished (an RQ job that failed before it could
-   acquire, one a dying worker dequeued) and enqueues them again;
+   acquire, one a dying worker dequeued) and enqueues them again, reading the records and
+   RQ jobs of all the queued jobs it looks at in a few round trips;
 4. enqueues delayed attempts RQ's scheduler is late with;
 5. removes the events stream of jobs that ended ``[store] events_grace_s`` ago (their
    followers read the text instead), storing the text compactly;
@@ -23,15 +28,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import reprlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar, TypeVarTuple
+from typing import Any, Literal, TypeVar, TypeVarTuple
 
 from rq.registry import clean_registries
 
-from resumeq import outbox
+from resumeq import failpoints, outbox
 from resumeq.context import WorkerContext
 from resumeq.counting import estimate
 from resumeq.errors import (
@@ -40,21 +48,22 @@ from resumeq.errors import (
     JobNotFound,
     RedisUnavailable,
     ResumeqError,
+    SpillExhausted,
     WriteRefused,
 )
-from resumeq.exits import apply_decision
-from resumeq.gate import Cut, JobView, decide, pacing
+from resumeq.gate import Cut, Decision, JobView, decide, pacing
 from resumeq.ledger import AttemptRecord
-from resumeq.models import JobRecord, JobState, Lease
+from resumeq.models import Acquired, JobRecord, JobState
 from resumeq.queueing import (
-    attempt_pending,
+    DeadAttempt,
+    attempts_pending,
     discard_attempt,
     enqueue_attempt,
     enqueue_overdue,
     rq_queue,
-    settle_dead_attempt,
+    settle_dead_attempts,
 )
-from resumeq.store import SPILL_QUEUE, redis_errors
+from resumeq.store import SPILL_QUEUE, Store, redis_errors
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +79,11 @@ SCHEDULE_GRACE_S = 3.0
 MIN_BYTES_PER_TOKEN = 2.0
 #: RQ's registries are cleaned at most this often.
 REGISTRY_INTERVAL_S = 15.0
+#: Expired leases reaped together: each step of a batch is one pipelined round trip.
+REAP_BATCH = 500
+#: Batches one sweep reaps at most (several processes died at once): the rest wait for
+#: the next sweep.
+MAX_REAP_BATCHES = 8
 
 
 @dataclass
@@ -93,17 +107,13 @@ class Janitor:
 
     def sweep(self) -> SweepReport:
         report = SweepReport()
-        for job_id in self._safe(report, self.store.expired_leases) or []:
-            outcome = self._safe(report, self._reap, job_id)
-            if outcome:
-                report.reaped.append(job_id)
-                report.outcomes[job_id] = outcome
-        for job_id in self._safe(report, self.store.outbox_pending, outbox.JANITOR_GRACE_MS) or []:
-            if self._safe(report, outbox.complete, self.store, self.ctx.redis, job_id):
-                report.followed_up.append(job_id)
-        for job_id in self._safe(report, self.store.queued_before, VANISHED_GRACE_MS) or []:
-            if self._safe(report, self._requeue_vanished, job_id):
-                report.requeued.append(job_id)
+        for _ in range(MAX_REAP_BATCHES):
+            job_ids = self._safe(report, self._expired_leases) or []
+            resolved = self._safe(report, self._reap_batch, report, job_ids) if job_ids else 0
+            if len(job_ids) < REAP_BATCH or not resolved:
+                break  # all expired leases seen, or none of these could be reaped
+        self._follow_up(report)
+        self._safe(report, self._requeue_vanished, report)
         self._safe(report, self._enqueue_late_scheduled)
         grace_ms = int(self.store.settings.events_grace_s * 1000)
         for job_id in self._safe(report, self.store.ended_before, grace_ms) or []:
@@ -142,10 +152,16 @@ class Janitor:
                 log.info("%s: Redis answers again after %d failed sweep(s)", self.name, failed)
                 failed = 0
             if report.reaped or report.requeued or report.followed_up:
+                # Hundreds at once when a process died: the outcomes counted, not listed.
+                outcomes = (
+                    report.outcomes
+                    if len(report.outcomes) <= 10
+                    else dict(Counter(report.outcomes.values()))
+                )
                 log.info(
                     "reaped %d job(s) %s, followed up %d commit(s), re-enqueued %d",
                     len(report.reaped),
-                    report.outcomes,
+                    outcomes,
                     len(report.followed_up),
                     len(report.requeued),
                 )
@@ -163,30 +179,146 @@ class Janitor:
             raise
         except (ResumeqError, ValueError, OSError) as exc:
             report.errors += 1
-            log.warning("%s: %s%s failed: %s", self.name, name, args, exc)
+            log.warning("%s: %s%s failed: %s", self.name, name, reprlib.repr(args), exc)
         except Exception:
             report.errors += 1
-            log.exception("%s: %s%s failed", self.name, name, args)
+            log.exception("%s: %s%s failed", self.name, name, reprlib.repr(args))
         return None
+
+    def _follow_up(self, report: SweepReport) -> None:
+        """Carry out the outboxes their committers left behind, all in one batch."""
+        pending = self._safe(report, self._outbox_pending) or []
+        followed = self._safe(report, outbox.complete_many, self.store, self.ctx.redis, pending)
+        for job_id, count in zip(pending, followed or [0] * len(pending), strict=True):
+            if isinstance(count, Exception):
+                self._failed(report, "complete", job_id, count)
+            elif count:
+                report.followed_up.append(job_id)
+
+    def _failed(self, report: SweepReport, step: str, job_id: str, exc: Exception) -> None:
+        """One job's step failed, in a batch: logged as :meth:`_safe` would, and the batch
+        goes on."""
+        report.errors += 1
+        if isinstance(exc, ResumeqError | ValueError | OSError):
+            log.warning("%s: %s('%s',) failed: %s", self.name, step, job_id, exc)
+        else:
+            log.error("%s: %s('%s',) failed", self.name, step, job_id, exc_info=exc)
 
     def _fail_unreadable(self, job_id: str, exc: CorruptRecord) -> str:
         log.warning("job %s cannot be read back, marking it failed: %s", job_id, exc)
         self.store.fail_unreadable(job_id, reason=f"corrupt job record: {exc}")
         return "failed"
 
-    def _reap(self, job_id: str) -> str | None:
+    def _expired_leases(self) -> list[str]:
+        return self.store.expired_leases(limit=REAP_BATCH)
+
+    def _outbox_pending(self) -> list[str]:
+        return self.store.outbox_pending(outbox.JANITOR_GRACE_MS, limit=REAP_BATCH)
+
+    def _reap_batch(self, report: SweepReport, job_ids: list[str]) -> int:
+        """Reap ``job_ids`` (each is taken by one janitor only), ask the gate for each job
+        it took, apply every exit with its ledger record, carry out what follows (the next
+        attempts' RQ jobs) and settle the dead attempts' RQ jobs — each step one round trip
+        for all the jobs still in the batch. A job whose step fails is logged and left
+        out of the steps after it (a reaped job is reaped again once the janitor's lease
+        lapses). Answers how many of ``job_ids`` were reaped, found alive or gone."""
+        dead, resolved = self._reap(report, job_ids)
+        if not dead:
+            return resolved
+        texts = self.store.attempt_texts([(d.job_id, d.record.attempt_text_base) for d in dead])
+        for d, (size, tail) in zip(dead, texts, strict=True):
+            d.text_bytes, d.tail = size, tail
+        dead = self._count_dead_attempts(report, dead)
+        dead = [d for d in dead if self._judge(report, d)]
+        dead = self._commit(report, dead)
+        if not dead:
+            return resolved
+        failpoints.hit("after_commit")
+        ids = [d.job_id for d in dead]
+        followed = self._safe(report, outbox.complete_many, self.store, self.ctx.redis, ids)
+        for d, count in zip(dead, followed or [0] * len(dead), strict=True):
+            if isinstance(count, Exception):  # left in its outbox, for the next sweep
+                self._failed(report, "complete", d.job_id, count)
+        settling = [DeadAttempt(d.job_id, d.record.attempt, failed=d.rq_failure) for d in dead]
+        self._safe(report, settle_dead_attempts, self.ctx.redis, settling)
+        for d in dead:
+            report.reaped.append(d.job_id)
+            report.outcomes[d.job_id] = d.state
+        return resolved
+
+    def _reap(self, report: SweepReport, job_ids: list[str]) -> tuple[list[_Dead], int]:
+        """The jobs this janitor took over (a corrupt record is failed at once), and how
+        many of ``job_ids`` were reaped, found alive or gone."""
         ttl_ms = self.ctx.settings.file.worker.lease_ttl_ms
+        dead: list[_Dead] = []
+        resolved = 0
+        reaps = self.store.reap_many(job_ids, janitor=self.name, ttl_ms=ttl_ms)
+        for job_id, result in zip(job_ids, reaps, strict=True):
+            if isinstance(result, CorruptRecord):
+                if self._safe(report, self._fail_unreadable, job_id, result):
+                    report.reaped.append(job_id)
+                    report.outcomes[job_id] = "failed"
+                    resolved += 1
+            elif isinstance(result, Exception):
+                self._failed(report, "reap", job_id, result)
+            else:
+                resolved += 1
+                if result.acquired is not None:
+                    dead.append(_Dead(result.acquired))
+        return dead, resolved
+
+    def _count_dead_attempts(self, report: SweepReport, dead: list[_Dead]) -> list[_Dead]:
+        """Each dead attempt's output tokens (:meth:`_dead_attempt_tokens`); the estimates
+        that raise a cursor flushed in one round trip. Answers the jobs that go on."""
+        raised: list[_Dead] = []
+        for d in dead:
+            d.counted, d.tokens = self._dead_attempt_tokens(d.record, d.text_bytes)
+            if d.tokens > d.counted:
+                raised.append(d)
+        answers = self.store.write_many([d.flush_estimate() for d in raised])
+        lost: set[str] = set()
+        for d, answer in zip(raised, answers, strict=True):
+            if isinstance(answer, Exception):
+                self._failed(report, "flush", d.job_id, answer)
+                lost.add(d.job_id)
+            else:
+                log.info(
+                    "job %s: the dead attempt's %d counted tokens raised to an estimate of %d",
+                    d.job_id,
+                    d.counted,
+                    d.tokens,
+                )
+        return [d for d in dead if d.job_id not in lost]
+
+    def _dead_attempt_tokens(self, record: JobRecord, text_bytes: int) -> tuple[int, int]:
+        """The dead attempt's output tokens as counted, and as they stand: counted exactly,
+        the same; counted chunk by chunk (a lower bound), an estimate that errs high from
+        the text it stored and the reasoning it saw, so the continuation cannot buy past
+        the budget."""
+        counted = record.spent_output_tokens - record.attempt_spent_base
+        if record.counts_exact:
+            return counted, counted
         try:
-            result = self.store.reap(job_id, janitor=self.name, ttl_ms=ttl_ms)
-        except CorruptRecord as exc:
-            return self._fail_unreadable(job_id, exc)
-        if result.acquired is None:
-            return None
-        lease, record = result.acquired.lease, result.acquired.record
-        text_bytes = self.store.text_bytes(job_id)
-        counted = self._count_dead_attempt(lease, record, text_bytes)
-        spent = record.attempt_spent_base + counted
-        progressed = counted > 0 or text_bytes > record.attempt_text_base
+            ratio = self.ctx.settings.profile(record.spec.provider).bytes_per_token
+        except ConfigError:
+            ratio = MIN_BYTES_PER_TOKEN
+        output = text_bytes - record.attempt_text_base + record.attempt_hidden_bytes
+        return counted, estimate(0, output, counted=counted, bytes_per_token=ratio)
+
+    def _judge(self, report: SweepReport, d: _Dead) -> bool:
+        """Ask the gate for one job and write its dead attempt's ledger record (no I/O);
+        answers whether it went through."""
+        try:
+            d.decision, d.ledger = self._decision(d)
+        except Exception as exc:  # one job's failure: logged, and the batch goes on
+            self._failed(report, "gate", d.job_id, exc)
+            return False
+        return True
+
+    def _decision(self, d: _Dead) -> tuple[Decision, dict[str, Any]]:
+        record, text_bytes = d.record, d.text_bytes
+        spent = record.attempt_spent_base + d.tokens
+        d.progressed = d.tokens > 0 or text_bytes > record.attempt_text_base
         view = JobView(
             budget_tokens=record.budget_tokens,
             floor_tokens=record.floor_tokens,
@@ -200,7 +332,7 @@ class Janitor:
             exit=record.spec.exit,
             **pacing(
                 record,
-                progressed=progressed,
+                progressed=d.progressed,
                 window_s=self.ctx.settings.file.worker.retry_window_s,
                 now_ms=int(time.time() * 1000),
             ),
@@ -218,92 +350,85 @@ class Janitor:
             detail="lease expired; reaped by " + self.name,
             provider=record.spec.provider,
             prefix_tokens=record.attempt_spent_base,
-            output_tokens_persisted=counted,
+            output_tokens_persisted=d.tokens,
             # Its text is what follows the attempt's base (a character boundary: where
             # the previous attempt's text ended).
-            chars_persisted=len(
-                self.store.text(job_id)
-                .encode()[record.attempt_text_base :]
-                .decode(errors="replace")
-            ),
+            chars_persisted=len(d.tail),
             bytes_persisted=text_bytes - record.attempt_text_base,
             count_source="usage" if record.counts_exact else "estimate",
             counts_exact=record.counts_exact,
             # What it had in flight when it died was billed and never counted.
             billed_lower_bound=True,
         )
-        try:
-            outcome = apply_decision(
-                self.store,
-                self.ctx.redis,
-                lease,
-                record,
-                decision,
-                ledger=entry.to_json_dict(),
-                progressed=progressed,
-            )
-        except WriteRefused as exc:
-            log.info("job %s changed while being reaped: %s", job_id, exc)
-            return None
-        failed = None
-        if outcome == JobState.FAILED.value:
-            error = self.store.get(job_id).error
-            failed = f"resumeq failed job {job_id} after its worker died: {error}"
-        settle_dead_attempt(self.ctx.redis, job_id, record.attempt, failed=failed)
-        return outcome
+        return decision, entry.to_json_dict()
 
-    def _count_dead_attempt(self, lease: Lease, record: JobRecord, text_bytes: int) -> int:
-        """The dead attempt's output tokens. Counted exactly, they stand; counted chunk by
-        chunk (a lower bound), the cursor is raised to an estimate that errs high from the
-        text it stored and the reasoning it saw, so the continuation cannot buy past the
-        budget."""
-        counted = record.spent_output_tokens - record.attempt_spent_base
-        if record.counts_exact:
-            return counted
-        try:
-            ratio = self.ctx.settings.profile(record.spec.provider).bytes_per_token
-        except ConfigError:
-            ratio = MIN_BYTES_PER_TOKEN
-        output = text_bytes - record.attempt_text_base + record.attempt_hidden_bytes
-        guess = estimate(0, output, counted=counted, bytes_per_token=ratio)
-        if guess > counted:
-            self.store.flush(
-                lease,
-                expected_revision=record.revision,
-                delta="",
-                tokens=guess - counted,
-                exact=False,
-            )
-            log.info(
-                "job %s: the dead attempt's %d counted tokens raised to an estimate of %d",
-                record.id,
-                counted,
-                guess,
-            )
-        return guess
+    def _commit(self, report: SweepReport, dead: list[_Dead]) -> list[_Dead]:
+        """Every job's exit, with its ledger record and its outbox, in one round trip (as
+        :func:`resumeq.exits.apply_decision` commits one): ``finish`` for done and failed,
+        ``release`` for the rest; a second spill is refused and fails the job instead,
+        in one more round trip for those. Answers the jobs committed."""
+        idempotency = {d.job_id: d.record.idempotency_key for d in dead}
+        answers = self.store.write_many([d.exit() for d in dead], idempotency=idempotency)
+        committed: list[_Dead] = []
+        exhausted: list[_Dead] = []
+        for d, answer in zip(dead, answers, strict=True):
+            if isinstance(answer, SpillExhausted):
+                exhausted.append(d)
+            elif isinstance(answer, WriteRefused):
+                log.info("job %s changed while being reaped: %s", d.job_id, answer)
+            elif isinstance(answer, Exception):
+                self._failed(report, "exit", d.job_id, answer)
+            else:
+                if d.state == "spilled":
+                    log.info("job %s spilled: %s", d.job_id, d.reason)
+                committed.append(d)
+        answers = self.store.write_many([d.fail_after_spill() for d in exhausted],
+                                        idempotency=idempotency)  # fmt: skip
+        for d, answer in zip(exhausted, answers, strict=True):
+            if isinstance(answer, WriteRefused):
+                log.info("job %s changed while being reaped: %s", d.job_id, answer)
+            elif isinstance(answer, Exception):
+                self._failed(report, "exit", d.job_id, answer)
+            else:
+                committed.append(d)
+        return committed
 
-    def _requeue_vanished(self, job_id: str) -> bool:
-        try:
-            record = self.store.get(job_id)
-        except CorruptRecord as exc:
-            self._fail_unreadable(job_id, exc)
-            return False
-        except JobNotFound:
-            # Half deleted: the index outlived the record. fail_unreadable cleans the index.
-            with contextlib.suppress(JobNotFound):
-                self.store.fail_unreadable(job_id, reason="job record missing")
-            return False
-        if record.state is not JobState.QUEUED:
-            return False
-        if "attempt" in self.store.outbox(job_id):
-            return False  # its commit's follow-up is pending: the outbox enqueues it, on time
+    def _requeue_vanished(self, report: SweepReport) -> None:
+        """Enqueue again the ``queued`` jobs whose RQ job vanished: their records, outboxes
+        and RQ jobs read in a few round trips for all of them (a backlog of queued jobs
+        waiting for workers is looked at every sweep)."""
+        job_ids = self.store.queued_before(VANISHED_GRACE_MS)
+        queued: list[JobRecord] = []
+        for job_id, record in zip(job_ids, self.store.records(job_ids), strict=True):
+            if isinstance(record, CorruptRecord):
+                self._safe(report, self._fail_unreadable, job_id, record)
+            elif isinstance(record, JobNotFound):
+                self._safe(report, self._forget_missing, job_id)
+            elif isinstance(record, Exception):
+                self._failed(report, "get", job_id, record)
+            elif record.state is JobState.QUEUED:
+                queued.append(record)
+        outboxes = self.store.outboxes([record.id for record in queued])
+        # A job whose commit's follow-up is pending is left to its outbox (enqueued on time).
+        queued = [
+            r for r, entries in zip(queued, outboxes, strict=True) if "attempt" not in entries
+        ]
+        pending = attempts_pending(self.ctx.redis, [(r.id, r.attempt + 1) for r in queued])
+        for record, waiting in zip(queued, pending, strict=True):
+            if not waiting and self._safe(report, self._enqueue_again, record):
+                report.requeued.append(record.id)
+
+    def _forget_missing(self, job_id: str) -> None:
+        """Half deleted: the index outlived the record. fail_unreadable cleans the index."""
+        with contextlib.suppress(JobNotFound):
+            self.store.fail_unreadable(job_id, reason="job record missing")
+
+    def _enqueue_again(self, record: JobRecord) -> bool:
         attempt = record.attempt + 1
-        if attempt_pending(self.ctx.redis, job_id, attempt):
-            return False
-        discard_attempt(self.ctx.redis, job_id, attempt)
-        requeued = enqueue_attempt(self.ctx.redis, job_id, queue=record.queue, attempt=attempt)
+        discard_attempt(self.ctx.redis, record.id, attempt)
+        requeued = enqueue_attempt(self.ctx.redis, record.id, queue=record.queue, attempt=attempt)
         if requeued:
-            log.info("job %s was queued without an RQ job: enqueued attempt %d", job_id, attempt)
+            log.info("job %s was queued without an RQ job: enqueued attempt %d", record.id, attempt)
         return requeued
 
     def _queues(self) -> set[str]:
@@ -321,3 +446,80 @@ class Janitor:
         for name in self._queues():
             for rq_id in enqueue_overdue(rq_queue(name, self.ctx.redis), cutoff):
                 log.info("enqueued overdue scheduled attempt %s", rq_id)
+
+
+class _Dead:
+    """A job whose worker died, reaped by this janitor, on its way through one batch."""
+
+    def __init__(self, acquired: Acquired) -> None:
+        self.lease, self.record = acquired.lease, acquired.record
+        self.job_id = acquired.record.id
+        #: The stored prefix's length in bytes, and the dead attempt's own text.
+        self.text_bytes, self.tail = 0, ""
+        #: The dead attempt's output tokens as it counted them, and as they stand.
+        self.counted = self.tokens = 0
+        self.progressed = False
+        self.decision: Decision | None = None
+        self.ledger: dict[str, Any] = {}
+        #: The state its exit reached, and the error a failed job was given.
+        self.state, self.error = "", ""
+
+    @property
+    def reason(self) -> str:
+        return self.decision.reason if self.decision else ""
+
+    @property
+    def rq_failure(self) -> str | None:
+        """The reason its dead attempt's RQ job fails with, if resumeq failed the job."""
+        if self.state != JobState.FAILED.value:
+            return None
+        return f"resumeq failed job {self.job_id} after its worker died: {self.error}"
+
+    def flush_estimate(self) -> Callable[[Store], object]:
+        """The write that raises the cursor to the dead attempt's estimate."""
+        lease, revision, tokens = self.lease, self.record.revision, self.tokens - self.counted
+        return lambda store: store.flush(
+            lease, expected_revision=revision, delta="", tokens=tokens, exact=False
+        )
+
+    def exit(self) -> Callable[[Store], object]:
+        """The write that applies the gate's decision, as ``resumeq.exits`` commits it;
+        sets the state it reaches."""
+        decision, lease, ledger = self.decision, self.lease, self.ledger
+        assert decision is not None
+        progressed, reason = self.progressed, decision.reason
+        action = decision.action
+        if action == "done":
+            self.state = "done"
+            hooks = self.record.spec.hooks
+            return lambda s: s.finish(
+                lease, state="done", finish_reason=reason, ledger=ledger, hooks=hooks
+            )
+        if action == "failed":
+            self.state, self.error = "failed", reason
+            return lambda s: s.finish(lease, state="failed", error=reason, ledger=ledger)
+        if action in ("retry", "resume"):
+            self.state = "queued"
+            delay_ms = math.ceil(decision.delay_s * 1000)
+            return lambda s: s.release(
+                lease,
+                to="queued",
+                reason=reason,
+                ledger=ledger,
+                delay_ms=delay_ms,
+                progressed=progressed,
+            )
+        # The spill lane: a reserved worker pool may serve it, or an operator requeues.
+        to: Literal["abandoned", "spilled"] = "abandoned" if action == "abandon" else "spilled"
+        self.state = to
+        return lambda s: s.release(
+            lease, to=to, reason=reason, ledger=ledger, progressed=progressed
+        )
+
+    def fail_after_spill(self) -> Callable[[Store], object]:
+        """The write that fails a job refused a second spill (spill is not a loop)."""
+        lease, ledger = self.lease, self.ledger
+        self.state = "failed"
+        self.error = f"{self.reason}, after a spill (spill is not a loop)"
+        error = self.error
+        return lambda s: s.finish(lease, state="failed", error=error, ledger=ledger)

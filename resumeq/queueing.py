@@ -12,17 +12,22 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import redis
 from rq import Queue
 from rq.exceptions import DuplicateJobError, InvalidJobOperation, NoSuchJobError
+from rq.executions import Execution, ExecutionRegistry
 from rq.job import Job, JobStatus
 from rq.job_lifecycle import record_job_failure
 from rq.registry import CanceledJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+from rq.scripts import _build_hset_args, get_unique_enqueue_script, get_unique_schedule_script
 from rq.serializers import JSONSerializer
 
-from resumeq.store import check_queue
+from resumeq.store import check_queue, decode
 
 log = logging.getLogger(__name__)
 #: The RQ function that runs one attempt.
@@ -234,3 +239,223 @@ def _discard(connection: redis.Redis, rq_id: str) -> None:
         # died): remove the job's own key, which is all a new enqueue needs.
         log.info("RQ job %s: %s; deleting its key", rq_id, exc)
         connection.delete(Job.key_for(rq_id))
+
+
+# -- many attempts at once (a janitor after a process died with hundreds of streams) -----
+#
+# The same effects as the single-attempt functions above, in a few round trips for all.
+
+
+@dataclass(frozen=True)
+class DueAttempt:
+    """An attempt to enqueue: attempt number ``attempt`` of ``job_id`` on ``queue``,
+    after ``delay_s``."""
+
+    job_id: str
+    queue: str
+    attempt: int
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class DeadAttempt:
+    """The RQ job of an attempt whose worker died, and ``failed``: the reason when resumeq
+    failed its job (else None: the job was handed on)."""
+
+    job_id: str
+    attempt: int
+    failed: str | None = None
+
+
+def enqueue_attempts(
+    connection: redis.Redis, attempts: Sequence[DueAttempt]
+) -> list[bool | Exception]:
+    """:func:`enqueue_attempt` for many attempts in one round trip: RQ's own atomic unique
+    enqueue and schedule scripts, pipelined. For each: True if enqueued, False if that
+    attempt was enqueued already (or ran), or the error (a malformed queue name)."""
+    queues: dict[str, Queue] = {}
+    out: list[bool | Exception] = []
+    sent: dict[int, int] = {}  # the position of an attempt's script reply → its answer
+    with connection.pipeline(transaction=False) as pipe:
+        for item in attempts:
+            try:
+                queue = queues.get(item.queue) or queues.setdefault(
+                    item.queue, rq_queue(item.queue, connection)
+                )
+                sent[_queue_unique(pipe, queue, item)] = len(out)
+                out.append(False)
+            except ValueError as exc:
+                out.append(exc)
+        replies = pipe.execute() if sent else []
+    for position, index in sent.items():
+        out[index] = bool(replies[position])
+    return out
+
+
+def _queue_unique(pipe: redis.client.Pipeline, queue: Queue, item: DueAttempt) -> int:
+    """Add to ``pipe`` what :meth:`Queue.enqueue` / :meth:`Queue.enqueue_at` with
+    ``unique=True`` run for the attempt (RQ's scripts: no job is written twice); answers
+    where in the pipeline's replies the script's answer (1: enqueued, 0: there already)
+    will be."""
+    rq_id = attempt_rq_id(item.job_id, item.attempt)
+    scheduled = item.delay_s > 0
+    job = queue.create_job(
+        ATTEMPT_FUNC,
+        args=(item.job_id,),
+        timeout=-1,
+        result_ttl=RESULT_TTL_S,
+        failure_ttl=FAILURE_TTL_S,
+        description=f"resumeq attempt {item.attempt} of {item.job_id}",
+        job_id=rq_id,
+        status=JobStatus.SCHEDULED if scheduled else JobStatus.QUEUED,
+    )
+    ttl = job.ttl if job.ttl is not None else -1
+    if scheduled:
+        # As enqueue_attempt: whole seconds, rounded up (never before the delay).
+        at = math.ceil(time.time() + item.delay_s)
+        job._status = JobStatus.SCHEDULED
+        registry = ScheduledJobRegistry(queue=queue)  # type: ignore[no-untyped-call]
+        script = get_unique_schedule_script(queue.connection)  # type: ignore[no-untyped-call]
+        fields = _build_hset_args(job)  # type: ignore[no-untyped-call]
+        keys = [job.key, registry.key, queue.redis_queues_keys]
+        script(keys=keys, args=[job.id, ttl, at, queue.key, *fields], client=pipe)
+        return len(pipe.command_stack) - 1
+    job.origin = queue.name
+    pipe.sadd(queue.redis_queues_keys, queue.key)
+    queue._prepare_for_queue(job)
+    script = get_unique_enqueue_script(queue.connection)  # type: ignore[no-untyped-call]
+    fields = _build_hset_args(job)  # type: ignore[no-untyped-call]
+    script(keys=[job.key, queue.key], args=[job.id, "R", ttl, *fields], client=pipe)
+    return len(pipe.command_stack) - 1
+
+
+def fetch_attempts(
+    connection: redis.Redis, attempts: Sequence[tuple[str, int]]
+) -> list[Job | None]:
+    """:func:`fetch_attempt` for many ``(job id, attempt)``, in one round trip."""
+    if not attempts:
+        return []
+    ids = [attempt_rq_id(job_id, attempt) for job_id, attempt in attempts]
+    return Job.fetch_many(ids, connection=connection, serializer=JSONSerializer)
+
+
+def settle_dead_attempts(connection: redis.Redis, dead: Sequence[DeadAttempt]) -> list[bool]:
+    """:func:`settle_dead_attempt` for many attempts, in two round trips: each RQ job's
+    status, queue and executions read, then one transaction that cancels or fails them all
+    as :meth:`Job.cancel` and :func:`record_job_failure` would, each taken out of RQ's
+    started registry (a job to fail is read whole first, one by one: a rare case). Answers,
+    for each, whether it changed anything."""
+    ids = [attempt_rq_id(d.job_id, d.attempt) for d in dead]
+    with connection.pipeline(transaction=False) as pipe:
+        for rq_id in ids:
+            pipe.hmget(Job.key_for(rq_id), "status", "origin")
+            pipe.zrange(ExecutionRegistry(rq_id, connection=connection).key, 0, -1)
+        replies = pipe.execute() if ids else []
+    settled: list[tuple[DeadAttempt, Job, JobStatus, list[Any]]] = []
+    changed: list[bool] = []
+    for item, rq_id, (status, origin), executions in zip(
+        dead, ids, replies[::2], replies[1::2], strict=True
+    ):
+        was = _status(status) if origin else None
+        # Started or failed (by RQ's own clean-up) is canceled; started or canceled (by
+        # the worker that saw its work horse die) is failed.
+        settles = (
+            JobStatus.STARTED,
+            JobStatus.FAILED if item.failed is None else JobStatus.CANCELED,
+        )
+        job = (
+            _settled_job(connection, rq_id, decode(origin or b""), item) if was in settles else None
+        )
+        changed.append(job is not None)
+        if job is not None and was is not None:
+            settled.append((item, job, was, executions))
+    with connection.pipeline() as pipe:
+        for item, job, was, executions in settled:
+            _settle(pipe, item, job, was, executions)
+        if settled:
+            pipe.execute()
+    return changed
+
+
+def _status(raw: bytes | None) -> JobStatus | None:
+    try:
+        return JobStatus(decode(raw)) if raw else None
+    except ValueError:  # not a status RQ knows: left alone
+        return None
+
+
+def _settled_job(connection: redis.Redis, rq_id: str, origin: str, item: DeadAttempt) -> Job | None:
+    """The RQ job to settle: whole when it is to fail (its failure is recorded with its
+    TTLs), else just its id and queue, all that canceling it needs."""
+    if item.failed is not None:
+        try:
+            return Job.fetch(rq_id, connection=connection, serializer=JSONSerializer)
+        except NoSuchJobError:
+            return None
+    job = Job(rq_id, connection=connection, serializer=JSONSerializer)
+    job.origin = origin
+    return job
+
+
+def _settle(
+    pipe: redis.client.Pipeline, item: DeadAttempt, job: Job, was: JobStatus, executions: list[Any]
+) -> None:
+    connection = job.connection
+    if was == JobStatus.STARTED:
+        registry = StartedJobRegistry(job.origin, connection=connection, serializer=JSONSerializer)
+        for raw in executions:
+            execution = Execution(decode(raw), job.id, connection=connection)
+            registry.remove_execution(execution, pipeline=pipe)
+    canceled = CanceledJobRegistry(job.origin, connection=connection, serializer=JSONSerializer)
+    if item.failed is not None:
+        if was == JobStatus.CANCELED:
+            canceled.remove(job, pipeline=pipe)
+        record_job_failure(job, item.failed, pipe)
+        return
+    # What Job.cancel does, for a job without dependents or a rate limit.
+    if was == JobStatus.FAILED:
+        job.failed_job_registry.remove(job, pipeline=pipe)
+    job.set_status(JobStatus.CANCELED, pipeline=pipe)
+    rq_queue(job.origin, connection).remove(job, pipeline=pipe)
+    canceled.add(job, pipeline=pipe)
+
+
+def attempts_pending(connection: redis.Redis, attempts: Sequence[tuple[str, int]]) -> list[bool]:
+    """:func:`attempt_pending` for many ``(job id, attempt)``, in two round trips: their RQ
+    jobs read, then where each queued one sits on its queue's list and whether each
+    scheduled one is in its queue's scheduled registry."""
+    jobs = fetch_attempts(connection, attempts)
+    status = [job.get_status(refresh=False) if job is not None else None for job in jobs]
+    where: dict[int, int] = {}  # the job's index → its reply's
+    with connection.pipeline(transaction=False) as pipe:
+        for index, (job, was) in enumerate(zip(jobs, status, strict=True)):
+            if job is None or was not in (JobStatus.QUEUED, JobStatus.SCHEDULED):
+                continue
+            where[index] = len(pipe.command_stack)
+            if was == JobStatus.QUEUED:
+                pipe.lpos(rq_queue(job.origin, connection).key, job.id)
+            else:
+                registry = ScheduledJobRegistry(  # type: ignore[no-untyped-call]
+                    job.origin, connection=connection, serializer=JSONSerializer
+                )
+                pipe.zscore(registry.key, job.id)
+        replies = pipe.execute() if where else []
+    pending: list[bool] = []
+    for index, (job, was) in enumerate(zip(jobs, status, strict=True)):
+        if job is None or was in _ENDED:
+            pending.append(False)
+        elif index in where:
+            pending.append(replies[where[index]] is not None)
+        else:
+            pending.append(_started_recently(job) if was == JobStatus.STARTED else True)
+    return pending
+
+
+def _started_recently(job: Job) -> bool:
+    """An attempt started less than ``STARTED_GRACE_S`` ago: it may still take its lease."""
+    if job.started_at is None:
+        return True
+    started = job.started_at
+    if started.tzinfo is None:
+        started = started.replace(tzinfo=UTC)
+    return (datetime.now(UTC) - started).total_seconds() < STARTED_GRACE_S

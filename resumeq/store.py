@@ -790,6 +790,190 @@ class Store:
             return ReapResult("gone")
         self._refused(status, rest, job_id, "reap")
 
+    # -- many jobs at once (a janitor after a process died with hundreds of streams) -------
+    #
+    # Each write below is built by the single-job method itself, run against a planner
+    # that stops where the method would send its script (so the keys and arguments are
+    # exactly the method's, request id included); the scripts then go to Redis together in
+    # one pipeline, not a transaction: each is atomic on its own, as it would be alone, and
+    # one job's refusal leaves the others alone. Each answer is the single method's result
+    # or the error it would have raised; Redis out of reach is raised for all of them, after
+    # the pipeline was sent again unchanged (each write's request id makes a re-send that
+    # was applied answer as it did).
+
+    def write_many(
+        self,
+        writes: Sequence[Callable[[Store], object]],
+        *,
+        idempotency: Mapping[str, str | None] | None = None,
+    ) -> list[int | Exception]:
+        """Many fenced writes in one round trip, each given as a call of one of this
+        store's write methods whose script answers ``{'ok', n, ...}`` on success (release,
+        finish, flush, outbox_done, …), e.g. ``lambda s: s.release(lease, to=…)``.
+        Answers, for each, ``n`` (the new revision, the entries left) or the error.
+
+        ``idempotency`` (job id → its idempotency key, from a record just read) spares
+        the read that finish and release to ``abandoned`` make for it."""
+        calls = [self._plan(write, idempotency) for write in writes]
+        replies = self._run_many([c for c in calls if isinstance(c, ScriptCall)], "write_many")
+        answers = iter(replies)
+        out: list[int | Exception] = []
+        for call in calls:
+            if not isinstance(call, ScriptCall):
+                out.append(call)
+                continue
+            reply = next(answers)
+            if isinstance(reply, Exception):
+                out.append(reply)
+                continue
+            try:
+                status, *rest = reply
+                if status != "ok":
+                    self._refused(status, rest, call.job_id, call.name)
+                out.append(int(rest[0]))
+            except (StoreError, ValueError) as exc:
+                out.append(exc)
+        return out
+
+    def reap_many(
+        self, job_ids: Sequence[str], *, janitor: str, ttl_ms: int
+    ) -> list[ReapResult | Exception]:
+        """:meth:`reap` for many jobs in one round trip; for each, what it found or the
+        error (a :class:`~resumeq.errors.CorruptRecord` for a record that cannot be read)."""
+
+        def reap(job_id: str) -> Callable[[Store], object]:
+            return lambda store: store.reap(job_id, janitor=janitor, ttl_ms=ttl_ms)
+
+        calls = [self._plan(reap(job_id)) for job_id in job_ids]
+        replies = iter(self._run_many([c for c in calls if isinstance(c, ScriptCall)], "reap"))
+        out: list[ReapResult | Exception] = []
+        for call in calls:
+            reply = call if not isinstance(call, ScriptCall) else next(replies)
+            if isinstance(reply, Exception):
+                out.append(reply)
+                continue
+            assert isinstance(call, ScriptCall)
+            status, *rest = reply
+            try:
+                if status == "ok":
+                    acquired = self._acquired(call.job_id, rest, ttl_ms)
+                    out.append(ReapResult("reaped", acquired=acquired, state="stalled"))
+                elif status == "alive":
+                    out.append(ReapResult("alive", state="running"))
+                elif status == "not_running":
+                    out.append(ReapResult("gone", state=_s(rest[0])))
+                elif status == "not_found":
+                    out.append(ReapResult("gone"))
+                else:
+                    self._refused(status, rest, call.job_id, "reap")
+            except (StoreError, ValueError) as exc:  # a record that cannot be read back
+                out.append(exc)
+        return out
+
+    def attempt_texts(self, bases: Sequence[tuple[str, int]]) -> list[tuple[int, str]]:
+        """For each ``(job id, byte offset)``, in one round trip: the length of the job's
+        stored prefix in bytes, and its text from that offset on (a character boundary:
+        where an attempt's text began). For jobs whose events are not trimmed."""
+
+        def read(r: redis.Redis) -> list[Any]:
+            with r.pipeline(transaction=False) as pipe:
+                for job_id, offset in bases:
+                    pipe.strlen(keys.text(job_id))
+                    pipe.getrange(keys.text(job_id), _non_negative(offset, "offset"), -1)
+                return pipe.execute()
+
+        replies = self._read("attempt_texts", read) if bases else []
+        it = iter(replies)
+        return [
+            (int(size), (tail or b"").decode("utf-8", errors="replace"))
+            for size, tail in zip(it, it, strict=True)
+        ]
+
+    def outboxes(self, job_ids: Sequence[str]) -> list[dict[str, str]]:
+        """:meth:`outbox` for many jobs, in one round trip."""
+
+        def read(r: redis.Redis) -> list[Any]:
+            with r.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.hgetall(keys.outbox(job_id))
+                return pipe.execute()
+
+        replies = self._read("outboxes", read) if job_ids else []
+        return [{_s(k): _s(v) for k, v in raw.items()} for raw in replies]
+
+    def records(self, job_ids: Sequence[str]) -> list[JobRecord | StoreError]:
+        """:meth:`get` for many jobs, in one round trip: for each, its record, or
+        :class:`~resumeq.errors.JobNotFound` / :class:`~resumeq.errors.CorruptRecord`."""
+
+        def read(r: redis.Redis) -> list[Any]:
+            with r.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.hgetall(keys.job(job_id))
+                return pipe.execute()
+
+        replies = self._read("records", read) if job_ids else []
+        out: list[JobRecord | StoreError] = []
+        for job_id, fields in zip(job_ids, replies, strict=True):
+            try:
+                if not fields:
+                    raise JobNotFound(f"no job {job_id}", job_id=job_id)
+                out.append(_record(job_id, {_s(k): _s(v) for k, v in fields.items()}))
+            except StoreError as exc:
+                out.append(exc)
+        return out
+
+    def _plan(
+        self,
+        write: Callable[[Store], object],
+        idempotency: Mapping[str, str | None] | None = None,
+    ) -> ScriptCall | Exception:
+        """The script call ``write`` would make, or what it raised before making one."""
+        try:
+            write(_Planner(self, idempotency or {}))
+        except _Planned as planned:
+            return planned.call
+        except (StoreError, ValueError) as exc:
+            return exc
+        raise AssertionError("the write made no script call")
+
+    def _run_many(self, calls: Sequence[ScriptCall], op: str) -> list[list[Any] | Exception]:
+        """Send ``calls`` in one pipeline; each answer as :meth:`_run` answers, or the error
+        Redis answered for that one script."""
+        if not calls:
+            return []
+        out: list[list[Any] | Exception] = []
+        for call, reply in zip(calls, self._send_many(calls, op), strict=True):
+            if isinstance(reply, Exception):
+                try:
+                    with redis_errors(call.name):
+                        raise reply
+                except RedisUnavailable:
+                    raise  # (a failover: READONLY) every other call would fail too
+                except StoreError as exc:
+                    out.append(exc)
+            elif not isinstance(reply, list) or not reply:
+                out.append(StoreError(f"{call.name}: job {call.job_id}: answered {reply!r}"))
+            else:
+                out.append([_s(reply[0]), *reply[1:]])
+        return out
+
+    def _send_many(self, calls: Sequence[ScriptCall], op: str) -> list[Any]:
+        """The pipeline of ``calls``, sent again unchanged up to ``WRITE_TRIES`` times when
+        Redis does not answer; its raw replies (an error in place of a script that raised)."""
+        pause = RETRY_PAUSE_S
+        for left in range(WRITE_TRIES - 1, -1, -1):
+            try:
+                with redis_errors(op), self.redis.pipeline(transaction=False) as pipe:
+                    for call in calls:
+                        self._scripts.queue(pipe, call.name, call.keys, call.args)
+                    return pipe.execute(raise_on_error=False)
+            except RedisUnavailable:
+                if not left:
+                    raise
+                time.sleep(pause)
+                pause *= 2
+        raise AssertionError("unreachable")
+
     # -- plumbing ------------------------------------------------------------------------
 
     def _write(
@@ -981,3 +1165,53 @@ def _non_negative(value: int, name: str) -> int:
     if value < 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
     return value
+
+
+# -- many jobs at once: the planner -----------------------------------------------------
+
+
+class ScriptCall:
+    """One run of a store script, as a write method built it."""
+
+    __slots__ = ("args", "job_id", "keys", "name")
+
+    def __init__(
+        self, name: str, job_keys: list[str], args: Sequence[str | int | bytes], job_id: str
+    ) -> None:
+        self.name, self.keys, self.args, self.job_id = name, job_keys, list(args), job_id
+
+
+class _Planned(Exception):
+    """Not an error: how a planned call leaves the write method that built it."""
+
+    def __init__(self, call: ScriptCall) -> None:
+        super().__init__(call.name)
+        self.call = call
+
+
+class _Planner(Store):
+    """A store whose write methods stop where they would run their script, raising the
+    call instead (reads still go to Redis). ``idempotency``: job id → idempotency key,
+    known already."""
+
+    def __init__(self, store: Store, idempotency: Mapping[str, str | None]) -> None:
+        # The store's own state, shared (no super().__init__(): it would register the
+        # scripts again, and nothing is sent from here).
+        self.__dict__.update(store.__dict__)
+        self._idempotency = idempotency
+
+    def _run(
+        self,
+        name: str,
+        job_keys: list[str],
+        args: Sequence[str | int | bytes],
+        job_id: str,
+        *,
+        tries: int = 1,
+    ) -> list[Any]:
+        raise _Planned(ScriptCall(name, job_keys, args, job_id))
+
+    def _idempotency_key_of(self, job_id: str) -> list[str]:
+        if job_id in self._idempotency:
+            return _idempotency_keys(self._idempotency[job_id])
+        return super()._idempotency_key_of(job_id)

@@ -52,7 +52,7 @@ PLAN = (
     DemoJob(
         "rate-limited", "kelp forests", fault={"kind": "status", "status": 429, "retry_after": 1}
     ),
-    DemoJob("killed-worker", "salt marshes", kill_after=80),
+    DemoJob("killed-worker", "salt marshes", kill_after=32),
     DemoJob(
         "spills",
         "river deltas",
@@ -108,7 +108,7 @@ def _report(client: Client, fake: FakeProvider, job: DemoJob, job_id: str) -> Jo
     requests = [
         r
         for r in fake.journal()
-        if any(job.prompt in str(m.get("content")) for m in r["body"].get("messages", []))
+        if any(job.prompt in str(m.get("content")) for m in (r["body"] or {}).get("messages", []))
     ]
     # What the answer as delivered needed: its own tokens (the fake's tokenizer is exact).
     needed = count_tokens(view.text)

@@ -55,7 +55,7 @@ class World:
         return [
             r
             for r in self.fake.journal()
-            if any(prompt in str(m.get("content")) for m in r["body"].get("messages", []))
+            if any(prompt in str(m.get("content")) for m in (r["body"] or {}).get("messages", []))
         ]
 
 

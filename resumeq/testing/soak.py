@@ -314,8 +314,9 @@ class Soak:
                 self.killed.add(proc.pid)
             if not proc.alive():
                 # A worker signalled while it was still starting, before it ran anything, ends
-                # as SIGTERM's default: nothing to hand on.
-                if grace is not None and proc.popen.returncode not in (0, -signal.SIGTERM):
+                # as SIGTERM's default: nothing to hand on. One that hit its failpoint while
+                # handing on (a handoff's release is a commit too) exits 137: that is chaos.
+                if grace is not None and proc.popen.returncode not in (0, -signal.SIGTERM, 137):
                     self.chaos.handoffs_unclean += 1
                 if proc.pid not in self.killed and grace is None:
                     self.chaos.worker_exits += 1
@@ -367,7 +368,7 @@ class Soak:
         journal = fake.journal()
         by_job: dict[str, list[dict[str, Any]]] = {}
         for entry in journal:
-            for m in entry["body"].get("messages", []):
+            for m in (entry["body"] or {}).get("messages", []):
                 found = re.search(r"Soak job (\d+):", str(m.get("content")))
                 if found:
                     by_job.setdefault(found.group(1), []).append(entry)

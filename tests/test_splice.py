@@ -397,8 +397,10 @@ def ambiguous(sc: Scenario, prefix: str, rest: str, sent: str, first: str) -> bo
         if sc.policy == "auto" and sc.mode in EXACT_MODES:
             # A first piece that holds the whole sent text reads as an echo.
             return EchoMatch(sent).advance(first, final=False) == "complete"
-        if rest.startswith(sent[:PARTIAL_ECHO_MIN]) and sc.policy == "yes":
-            return True  # the engine was said to echo, and the text starts like one
+        if sc.policy == "yes" and rest.lstrip().startswith(sent[:PARTIAL_ECHO_MIN].lstrip()):
+            # The engine was said to echo, and the text starts like one — after the white
+            # space a trimmed prefix left to it, which an echo may differ in.
+            return True
         if rest.startswith(sent) and len(sent) >= DEFAULT_MIN_OVERLAP:
             return True
     if sc.mode == "instruction" and prefix[-1:].isspace() and rest[:1].isspace():

@@ -1,0 +1,71 @@
+"""What a worker process shares between its attempts: one HTTP client per provider profile,
+bounded, and the handoff every attempt watches (SPEC §16)."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+
+from resumeq.context import Handoff, HttpClients, redis_pool_size
+from resumeq.settings import ProviderProfile
+
+
+def profile(**over: object) -> ProviderProfile:
+    return ProviderProfile.model_validate(
+        {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", **over}
+    )
+
+
+def pool_limit(client: httpx.Client) -> int:
+    return client._transport._pool._max_connections  # type: ignore[attr-defined]
+
+
+def test_one_client_per_profile_sized_from_the_concurrency_or_the_profile() -> None:
+    clients = HttpClients(concurrency=40)
+    try:
+        a = clients.get("a", profile())
+        assert clients.get("a", profile()) is a  # one per profile, shared by every attempt
+        capped = clients.get("capped", profile(max_connections=5))
+        assert capped is not a
+        assert pool_limit(a) == 40 and pool_limit(capped) == 5
+    finally:
+        clients.close()
+    assert a.is_closed and capped.is_closed
+
+
+def test_clients_made_from_many_threads_at_once_are_one() -> None:
+    clients = HttpClients(concurrency=8)
+    got: list[httpx.Client] = []
+    start = threading.Barrier(16)
+
+    def take() -> None:
+        start.wait()
+        got.append(clients.get("p", profile()))
+
+    threads = [threading.Thread(target=take) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    clients.close()
+    assert len(got) == 16 and len({id(c) for c in got}) == 1
+
+
+def test_handoff_begins_then_interrupts_only_the_attempts_still_watching() -> None:
+    handoff = Handoff()
+    stopped: list[str] = []
+    first = handoff.watch(lambda: stopped.append("first"))
+    handoff.watch(lambda: stopped.append("second"))
+    assert not handoff.is_set()
+    assert handoff.begin() == 2
+    assert handoff.is_set() and stopped == []  # each stream stops after the event it reads
+    handoff.unwatch(first)  # the first stopped by itself meanwhile
+    assert handoff.interrupt() == 1
+    assert stopped == ["second"]
+
+
+def test_the_redis_pool_is_bounded_whatever_the_concurrency() -> None:
+    assert redis_pool_size(1) == 9
+    assert redis_pool_size(50) == 58
+    assert redis_pool_size(1000) == redis_pool_size(64) == 72

@@ -13,8 +13,9 @@ import contextlib
 import os
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -26,8 +27,9 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.worker_registration import REDIS_WORKER_KEYS
 
-from resumeq.testing import free_port
-from resumeq.testing.processes import Cluster, Proc, descendants
+from resumeq.store import Store
+from resumeq.testing import RedisServer, free_port
+from resumeq.testing.processes import Cluster, Proc, descendants, write_config
 
 BENCH_DIR = Path(__file__).resolve().parent
 NAIVE_FUNC = "_baseline.naive_attempt"
@@ -284,3 +286,41 @@ class FakeProcess:
             for e in self.journal()
             if e["outcome"] == "in_progress" and e["tokens_emitted"] >= min_tokens
         )
+
+
+@contextlib.contextmanager
+def slow_stream_bench(
+    prefix: str,
+    *,
+    token_delay_ms: float,
+    completion_tokens: int,
+    prompt: str,
+    worker: Mapping[str, Any],
+) -> Iterator[tuple[Cluster, RedisServer, FakeProcess, Store]]:
+    """What the memory and concurrency benchmarks stand on: a redis-server, the fake
+    provider as a process of its own sending ``completion_tokens`` per stream with
+    ``prompt``'s completion planned ahead, a config naming it (profile ``fake``, the
+    ``[worker]`` settings given) and a cluster to start workers in; its processes stopped
+    afterwards. A failure prints the cluster's logs."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp, RedisServer() as server:
+        directory = Path(tmp)
+        config_path = directory / "resumeq.toml"
+        cluster = Cluster(directory, redis_url=server.url, config=config_path)
+        with FakeProcess(
+            directory,
+            completion_tokens=completion_tokens,
+            token_delay_ms=token_delay_ms,
+            env=cluster.env,
+        ) as fake:
+            profile = {"kind": "openai", "base_url": fake.openai_base_url}
+            write_config(config_path, {"providers": {"fake": profile}, "worker": dict(worker)})
+            fake.warm(prompt)
+            store = Store.from_url(server.url)
+            try:
+                yield cluster, server, fake, store
+            except (TimeoutError, RuntimeError):
+                print(cluster.logs(), file=sys.stderr)
+                raise
+            finally:
+                cluster.stop()
+                store.redis.close()

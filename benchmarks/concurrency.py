@@ -52,7 +52,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +67,7 @@ from _harness import (
     family_cpu_s,
     family_pss_kb,
     rq_workers,
+    slow_stream_bench,
     wait_until,
     worker_load,
 )
@@ -76,8 +76,7 @@ from resumeq import keys
 from resumeq.producer import enqueue_job
 from resumeq.settings import WorkerSettings
 from resumeq.store import Store
-from resumeq.testing import RedisServer
-from resumeq.testing.processes import Cluster, Proc, write_config
+from resumeq.testing.processes import Cluster, Proc
 
 #: One prompt for every job: the fake plans its (long) completion once.
 PROMPT = "Concurrency benchmark: one long answer, streamed slowly."
@@ -547,31 +546,19 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     args = parse(argv)
-    with tempfile.TemporaryDirectory(prefix="resumeq-concurrency-") as tmp, RedisServer() as server:
+    with slow_stream_bench(
+        "resumeq-concurrency-",
+        token_delay_ms=args.token_delay_ms,
+        completion_tokens=COMPLETION_TOKENS,
+        prompt=PROMPT,
+        worker=FLUSH,
+    ) as (cluster, server, fake, store):
         assert server.process is not None
-        directory = Path(tmp)
-        config_path = directory / "resumeq.toml"
-        cluster = Cluster(directory, redis_url=server.url, config=config_path)
-        with FakeProcess(
-            directory,
-            completion_tokens=COMPLETION_TOKENS,
-            token_delay_ms=args.token_delay_ms,
-            env=cluster.env,
-        ) as fake:
-            profile = {"kind": "openai", "base_url": fake.openai_base_url}
-            write_config(config_path, {"providers": {"fake": profile}, "worker": FLUSH})
-            fake.warm(PROMPT)
-            store = Store.from_url(server.url)
-            connection = redis.Redis.from_url(server.url)
-            env = Env(cluster, store, connection, server.process.pid, fake, args)
-            try:
-                out = run(env)
-            except (TimeoutError, RuntimeError):
-                print(cluster.logs(), file=sys.stderr)
-                raise
-            finally:
-                cluster.stop()
-                connection.close()
+        connection = redis.Redis.from_url(server.url)
+        try:
+            out = run(Env(cluster, store, connection, server.process.pid, fake, args))
+        finally:
+            connection.close()
     print(json.dumps(out))
     return 0
 

@@ -39,10 +39,8 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import _arq_peer
@@ -56,13 +54,13 @@ from _harness import (
     family_pss_kb,
     forking_worker,
     rq_workers,
+    slow_stream_bench,
     wait_until,
 )
 
 from resumeq.producer import enqueue_job
 from resumeq.store import Store
-from resumeq.testing import RedisServer
-from resumeq.testing.processes import Cluster, Proc, write_config
+from resumeq.testing.processes import Cluster, Proc
 
 #: One prompt for every stream: the fake plans its (long) completion once.
 PROMPT = "Memory benchmark: one long answer, streamed slowly."
@@ -206,35 +204,22 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     args = parse(argv)
     load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="resumeq-memory-") as tmp, RedisServer() as server:
-        directory = Path(tmp)
-        config_path = directory / "resumeq.toml"
-        cluster = Cluster(directory, redis_url=server.url, config=config_path)
-        with FakeProcess(
-            directory,
-            completion_tokens=COMPLETION_TOKENS,
-            token_delay_ms=args.token_delay_ms,
-            env=cluster.env,
-        ) as fake:
-            profile = {"kind": "openai", "base_url": fake.openai_base_url}
-            write_config(config_path, {"providers": {"fake": profile}, "worker": FLUSH})
-            fake.warm(PROMPT)
-            store = Store.from_url(server.url)
-            runs: dict[str, list[dict[str, Any]]] = {}
-            try:
-                for i, pair in enumerate([sides(cluster, store, fake, args)] * args.repeats):
-                    # the concurrent worker and arq side by side, the order alternating;
-                    # the fork model and the baseline once, after the first pair
-                    order = pair[:2] if i % 2 == 0 else pair[1::-1]
-                    for side in [*order, *(pair[2:] if i == 0 else [])]:
-                        got = measure(side, fake, store.redis, args)
-                        runs.setdefault(side.name, []).append(got)
-                        print(f"... {side.name}: {json.dumps(got)}", file=sys.stderr)
-            except (TimeoutError, RuntimeError):
-                print(cluster.logs(), file=sys.stderr)
-                raise
-            finally:
-                cluster.stop()
+    with slow_stream_bench(
+        "resumeq-memory-",
+        token_delay_ms=args.token_delay_ms,
+        completion_tokens=COMPLETION_TOKENS,
+        prompt=PROMPT,
+        worker=FLUSH,
+    ) as (cluster, _, fake, store):
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for i, pair in enumerate([sides(cluster, store, fake, args)] * args.repeats):
+            # the concurrent worker and arq side by side, the order alternating; the fork
+            # model and the baseline once, after the first pair
+            order = pair[:2] if i % 2 == 0 else pair[1::-1]
+            for side in [*order, *(pair[2:] if i == 0 else [])]:
+                got = measure(side, fake, store.redis, args)
+                runs.setdefault(side.name, []).append(got)
+                print(f"... {side.name}: {json.dumps(got)}", file=sys.stderr)
     print(json.dumps(summary(runs, args, load_before)))
     return 0
 

@@ -35,7 +35,6 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
 
@@ -129,13 +128,6 @@ class ThreadScheduler(RQScheduler):
             self._thread.join(timeout=5)
 
 
-@dataclass
-class _Running:
-    job: Job
-    thread: threading.Thread
-    started: float = field(default_factory=time.monotonic)
-
-
 class ConcurrentWorker(BaseWorker):
     """Runs up to ``concurrency`` attempts at once, each on its own thread (module doc)."""
 
@@ -159,7 +151,7 @@ class ConcurrentWorker(BaseWorker):
         self.concurrency = concurrency
         self._slots = threading.Semaphore(concurrency)
         self._lock = threading.Lock()
-        self._running: dict[str, _Running] = {}  # by execution id
+        self._running: dict[str, Job] = {}  # by execution id, until its thread ends
         self._idle = threading.Condition(self._lock)
         self._cold = False
         self._dequeue_wait_s: float = DEQUEUE_WAIT_S
@@ -276,7 +268,7 @@ class ConcurrentWorker(BaseWorker):
             daemon=True,
         )
         with self._lock:
-            self._running[execution.id] = _Running(job, thread)
+            self._running[execution.id] = job
         self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
         thread.start()
 
@@ -305,7 +297,7 @@ class ConcurrentWorker(BaseWorker):
             return
         self._last_rq_heartbeat = at
         with self._lock:
-            running = [(eid, r.job) for eid, r in self._running.items()]
+            running = list(self._running.items())
         executions = [(self.executions.get(eid), job) for eid, job in running]
         ttl = self.get_heartbeat_ttl(running[0][1]) if running else self.worker_ttl + 60
         state = WorkerStatus.BUSY if running else WorkerStatus.IDLE
@@ -478,9 +470,9 @@ class ConcurrentWorker(BaseWorker):
         at its next write, and no other."""
         with self._lock:
             jobs = [
-                r.job
-                for eid, r in self._running.items()
-                if eid == execution_id or (job_id is not None and r.job.id == job_id)
+                job
+                for eid, job in self._running.items()
+                if eid == execution_id or (job_id is not None and job.id == job_id)
             ]
         if not jobs:
             self.log.warning(

@@ -9,6 +9,7 @@ context: an HTTP connection pool must never be shared across a fork.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import socket
@@ -79,7 +80,7 @@ class Handoff:
         self._event = threading.Event()
         self._lock = threading.Lock()
         self._stops: dict[int, Callable[[], None]] = {}
-        self._ids = iter(range(1, 1 << 62))
+        self._ids = itertools.count(1)
 
     def is_set(self) -> bool:
         return self._event.is_set()

@@ -23,6 +23,7 @@ import fakeredis
 
 from resumeq.client import Client
 from resumeq.fake import FakeProvider, count_tokens
+from resumeq.models import holder_pid
 from resumeq.testing import free_port
 from resumeq.testing.processes import Cluster, Proc, descendants, wait_for, write_config
 
@@ -94,9 +95,8 @@ def embedded_redis() -> Iterator[str]:
 def _kill_streaming_worker(client: Client, job_id: str, workers: list[Proc]) -> Proc:
     """SIGKILL the worker process streaming ``job_id`` — with every other stream it runs at
     the time: the janitor resumes them all."""
-    token = client.get(job_id).record.lease_token or ""
-    horse = int(token.split(":")[1].rsplit("-", 1)[1])
-    victim = next(w for w in workers if horse in (w.pid, *descendants(w.pid)))
+    holder = holder_pid(client.get(job_id).record.lease_token)
+    victim = next(w for w in workers if holder in (w.pid, *descendants(w.pid)))
     victim.kill()
     workers.remove(victim)
     return victim

@@ -53,7 +53,7 @@ from resumeq.errors import (
 )
 from resumeq.gate import Cut, Decision, JobView, decide, pacing
 from resumeq.ledger import AttemptRecord
-from resumeq.models import Acquired, JobRecord, JobState
+from resumeq.models import Acquired, JobRecord, JobState, lease_holder
 from resumeq.queueing import (
     DeadAttempt,
     attempts_pending,
@@ -338,11 +338,10 @@ class Janitor:
             ),
         )
         decision = decide(view, Cut(kind="worker_died"))
-        owner = (record.stalled_owner or "").split(":")
         entry = AttemptRecord(
             attempt=record.attempt,
             kind=record.attempt_kind,
-            worker=owner[1] if len(owner) > 2 else "unknown",
+            worker=lease_holder(record.stalled_owner) or "unknown",
             started_ms=record.attempt_started_ms,
             ended_ms=record.updated_ms,
             outcome=decision.action,

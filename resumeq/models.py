@@ -43,6 +43,20 @@ _READ_LIMITS = Limits(
 )
 
 
+def lease_holder(token: str | None) -> str | None:
+    """The worker a lease token names (``attempt:worker:nonce``, as ``acquire.lua`` makes
+    it), or None."""
+    parts = (token or "").split(":")
+    return parts[1] if len(parts) > 2 else None
+
+
+def holder_pid(token: str | None) -> int | None:
+    """The process id in the name of the worker a lease token names (``host-PID``, as
+    :func:`resumeq.context.worker_name` makes it), or None."""
+    _, _, pid = (lease_holder(token) or "").rpartition("-")
+    return int(pid) if pid.isdigit() else None
+
+
 class JobRecord(BaseModel):
     """A snapshot of the job hash. ``revision`` says which write it reflects."""
 

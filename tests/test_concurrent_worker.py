@@ -22,7 +22,7 @@ from resumeq.fake import FakeProvider
 from resumeq.queueing import attempt_rq_id, rq_queue
 from resumeq.store import Store
 from resumeq.testing import RedisServer
-from resumeq.testing.processes import descendants, wait_for
+from resumeq.testing.processes import Proc, descendants, wait_for
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -59,6 +59,34 @@ def lost_at_first_cut(world: World, job_id: str, prompt: str) -> int:
     not kept: sent, minus the prefix the next attempt started from."""
     first = world.requests_for(prompt)[0]
     return int(first["tokens_emitted"]) - int(world.store.ledger(job_id)[1]["prefix_tokens"])
+
+
+def start_streams(
+    world: World, n: int, what: str, *, tokens: int, at_least: int = 16
+) -> tuple[Proc, list[str], list[str]]:
+    """One worker with ``--concurrency n`` streaming n jobs of ``tokens`` tokens, 20 ms
+    apart; returned once each has checkpointed ``at_least`` tokens."""
+    world.fake.completion_tokens = tokens
+    world.fake.token_delay_ms = 20
+    worker = world.cluster.worker(concurrency=n)
+    texts = prompts(n, what)
+    job_ids = [world.enqueue(p) for p in texts]
+    wait_for(lambda: streaming(world, job_ids, at_least), timeout_s=40, what=f"{n} streams")
+    return worker, texts, job_ids
+
+
+def finish_elsewhere(
+    world: World, job_ids: list[str], texts: list[str], *, janitor: bool = False
+) -> None:
+    """Another worker (and a janitor, for leases left to expire) takes the jobs on; each
+    ends with its canonical text."""
+    world.fake.token_delay_ms = 0
+    world.cluster.worker(concurrency=len(job_ids))
+    if janitor:
+        world.cluster.janitor()
+    for job_id in job_ids:
+        world.wait_state(job_id, TERMINAL, timeout_s=60)
+    assert_canonical(world, job_ids, texts)
 
 
 def assert_canonical(world: World, job_ids: list[str], texts: list[str]) -> None:
@@ -124,12 +152,7 @@ def test_the_started_registry_holds_exactly_the_attempts_in_flight(world: World)
 
 @pytest.mark.parametrize("how", ["process", "group"])
 def test_sigterm_hands_every_stream_on_at_once(world: World, how: str) -> None:
-    world.fake.completion_tokens = 600
-    world.fake.token_delay_ms = 20
-    first = world.cluster.worker(concurrency=50)
-    texts = prompts(50, f"handed off ({how})")
-    job_ids = [world.enqueue(p) for p in texts]
-    wait_for(lambda: streaming(world, job_ids, 16), timeout_s=40, what="50 streams flowing")
+    first, texts, job_ids = start_streams(world, 50, f"handed off ({how})", tokens=600)
     signalled = time.monotonic()
     if how == "process":  # Kubernetes, `kill PID`
         os.kill(first.pid, signal.SIGTERM)
@@ -143,11 +166,7 @@ def test_sigterm_hands_every_stream_on_at_once(world: World, how: str) -> None:
     assert set(states.values()) <= {"queued", "done"}, states
     handed = [j for j in job_ids if states[j] == "queued"]
     assert len(handed) >= 40, states
-    world.fake.token_delay_ms = 0
-    world.cluster.worker(concurrency=50)
-    for job_id in job_ids:
-        world.wait_state(job_id, TERMINAL, timeout_s=60)
-    assert_canonical(world, job_ids, texts)
+    finish_elsewhere(world, job_ids, texts)
     extra = []
     for job_id, prompt in zip(job_ids, texts, strict=True):
         if job_id not in handed:
@@ -158,19 +177,15 @@ def test_sigterm_hands_every_stream_on_at_once(world: World, how: str) -> None:
         extra.append(lost_at_first_cut(world, job_id, prompt))
     # Nothing paid twice: every token received was made durable and the continuation
     # started from it. Paid for and lost: only what the provider sent before it saw the
-    # connection close (on the wire, or not yet read by a busy process).
+    # connection close (on the wire, or not yet read by a busy process — the bound allows
+    # for a loaded machine; test_worker_context.py holds one stream to a token).
     print("tokens sent and not kept, per handed-off stream:", sorted(extra))
     assert sum(extra) <= FLUSH_TOKENS * len(extra), sorted(extra)
     assert max(extra) <= 3 * FLUSH_TOKENS, sorted(extra)
 
 
 def test_a_second_signal_is_a_cold_stop(world: World) -> None:
-    world.fake.completion_tokens = 300
-    world.fake.token_delay_ms = 20
-    worker = world.cluster.worker(concurrency=5)
-    texts = prompts(5, "stopped cold")
-    job_ids = [world.enqueue(p) for p in texts]
-    wait_for(lambda: streaming(world, job_ids, 8), timeout_s=30, what="5 streams flowing")
+    worker, texts, job_ids = start_streams(world, 5, "stopped cold", tokens=300, at_least=8)
     # Redis busy for 3 s: the handoff cannot finish before the second signal comes
     sleeper = threading.Thread(target=world.store.redis.execute_command, args=("DEBUG", "SLEEP", 3))
     sleeper.start()
@@ -181,12 +196,7 @@ def test_a_second_signal_is_a_cold_stop(world: World) -> None:
     assert worker.wait(timeout=15) == 1
     sleeper.join()
     assert "cold shut down: 5 lease(s) left to expire" in worker.output()
-    world.fake.token_delay_ms = 0
-    world.cluster.worker(concurrency=5)
-    world.cluster.janitor()
-    for job_id in job_ids:
-        world.wait_state(job_id, TERMINAL, timeout_s=60)
-    assert_canonical(world, job_ids, texts)
+    finish_elsewhere(world, job_ids, texts, janitor=True)
     firsts = [world.store.ledger(j)[0] for j in job_ids]
     assert all(f["cut"] == "worker_died" for f in firsts), [
         (f["cut"], f["outcome"], f["detail"]) for f in firsts
@@ -194,19 +204,9 @@ def test_a_second_signal_is_a_cold_stop(world: World) -> None:
 
 
 def test_sigkill_of_fifty_streams_costs_at_most_a_flush_each(world: World) -> None:
-    world.fake.completion_tokens = 1000
-    world.fake.token_delay_ms = 20
-    victim = world.cluster.worker(concurrency=50)
-    texts = prompts(50, "killed")
-    job_ids = [world.enqueue(p) for p in texts]
-    wait_for(lambda: streaming(world, job_ids, 16), timeout_s=40, what="50 streams flowing")
+    victim, texts, job_ids = start_streams(world, 50, "killed", tokens=1000)
     victim.kill()
-    world.fake.token_delay_ms = 0
-    world.cluster.worker(concurrency=50)
-    world.cluster.janitor()
-    for job_id in job_ids:
-        world.wait_state(job_id, TERMINAL, timeout_s=60)
-    assert_canonical(world, job_ids, texts)
+    finish_elsewhere(world, job_ids, texts, janitor=True)
     extra = []
     for job_id, prompt in zip(job_ids, texts, strict=True):
         assert world.store.ledger(job_id)[0]["cut"] == "worker_died"
@@ -219,12 +219,7 @@ def test_sigkill_of_fifty_streams_costs_at_most_a_flush_each(world: World) -> No
 
 
 def test_cancel_stops_exactly_one_stream_among_fifty(world: World) -> None:
-    world.fake.completion_tokens = 600
-    world.fake.token_delay_ms = 20
-    world.cluster.worker(concurrency=50)
-    texts = prompts(50, "one cancelled")
-    job_ids = [world.enqueue(p) for p in texts]
-    wait_for(lambda: streaming(world, job_ids, 16), timeout_s=40, what="50 streams flowing")
+    _, texts, job_ids = start_streams(world, 50, "one cancelled", tokens=600)
     victim = job_ids[17]
     out = world.cluster.command("cancel", victim)
     assert out.wait(timeout=30) == 0, out.output()

@@ -6,9 +6,16 @@ from __future__ import annotations
 import threading
 
 import httpx
+import pytest
+from worker_support import attempt_runner
 
 from resumeq.context import Handoff, HttpClients, redis_pool_size
+from resumeq.fake import FakeProvider
+from resumeq.producer import enqueue_job
 from resumeq.settings import ProviderProfile
+from resumeq.store import Store
+from resumeq.testing import RedisServer
+from resumeq.testing.processes import wait_for
 
 
 def profile(**over: object) -> ProviderProfile:
@@ -69,3 +76,38 @@ def test_the_redis_pool_is_bounded_whatever_the_concurrency() -> None:
     assert redis_pool_size(1) == 9
     assert redis_pool_size(50) == 58
     assert redis_pool_size(1000) == redis_pool_size(64) == 72
+
+
+@pytest.mark.timeout(60)
+def test_a_handoff_keeps_every_token_received_and_hands_the_job_on_at_once(
+    redis_server: RedisServer, real_store: Store, fake: FakeProvider
+) -> None:
+    # 50 ms a token, a checkpoint only every 32: at the handoff up to 31 tokens were
+    # received and not yet durable. Each is kept; what the provider sent and nobody kept
+    # is at most the token it wrote as the connection closed.
+    fake.completion_tokens = 400
+    fake.token_delay_ms = 50
+    prompt = "A long answer handed off mid-stream."
+    spec = {"prompt": prompt, "provider": "fake", "model": "m", "budget_tokens": 1000}
+    job_id = enqueue_job(real_store, real_store.redis, spec, queue="resumeq").id
+    providers = {"fake": {"kind": "openai", "base_url": fake.openai_base_url}}
+    with attempt_runner(redis_server.url, providers, flush_tokens=32, flush_ms=60_000) as runner:
+        attempt = threading.Thread(target=runner.run, args=(job_id,))
+        attempt.start()
+        wait_for(
+            lambda: fake.journal() and fake.journal()[-1]["tokens_emitted"] >= 45,
+            timeout_s=20,
+            what="45 tokens sent",
+        )
+        runner.ctx.handoff.begin()
+        attempt.join(timeout=10)
+        assert not attempt.is_alive()
+    record = real_store.get(job_id)
+    assert record.state.value == "queued" and record.attempt == 1
+    (entry,) = real_store.ledger(job_id)
+    assert (entry["outcome"], entry["cut"]) == ("handoff", "handoff")
+    sent = fake.journal(settle_s=0.2)[-1]
+    kept = record.spent_output_tokens
+    assert kept >= 45  # past the last checkpoint (32): the tail received was kept too
+    assert sent["tokens_emitted"] - kept <= 1, (sent["tokens_emitted"], kept)
+    assert sent["text"].startswith(real_store.text(job_id))

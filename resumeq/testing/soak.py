@@ -36,6 +36,7 @@ from resumeq import failpoints, keys
 from resumeq.client import Client
 from resumeq.fake import FakeProvider, count_tokens
 from resumeq.hooks import idempotency_key
+from resumeq.models import holder_pid
 from resumeq.queueing import hook_rq_id, rq_queue
 from resumeq.store import Store, decode
 from resumeq.testing.processes import Cluster, Proc, write_config
@@ -252,10 +253,9 @@ class Soak:
         held: dict[int, int] = {}
         try:
             for job_id in store.in_state("running", limit=1000):
-                token = store.get(job_id).lease_token or ""
-                pid = token.split(":")[1].rsplit("-", 1)[-1] if ":" in token else ""
-                if pid.isdigit():
-                    held[int(pid)] = held.get(int(pid), 0) + 1
+                pid = holder_pid(store.get(job_id).lease_token)
+                if pid is not None:
+                    held[pid] = held.get(pid, 0) + 1
         except Exception:  # Redis restarting: any worker will do
             held = {}
         busy = [w for w in busy if held.get(w.pid)]

@@ -469,6 +469,12 @@ def run(env: Env) -> dict[str, Any]:
         print(f"... {streams} streams", file=sys.stderr)
         steps.append(resumeq_step(env, streams))
         print(f"    {json.dumps(steps[-1])}", file=sys.stderr)
+    arq_steps: list[dict[str, Any]] = []
+    for streams in args.arq_steps:
+        # The peer through the same steps: how many streams one arq process carries here.
+        print(f"... arq, {streams} streams", file=sys.stderr)
+        arq_steps.append(arq_step(env, streams))
+        print(f"    {json.dumps(arq_steps[-1])}", file=sys.stderr)
     for i in range(args.arq_repeats):
         # The peer beside a resumeq step of its size, the order alternating.
         sides: list[Callable[[Env, int], dict[str, Any]]] = [resumeq_step, arq_step]
@@ -496,6 +502,11 @@ def run(env: Env) -> dict[str, Any]:
         "load_avg_1m_after": round(os.getloadavg()[0], 2),
     }
     out["target_streams_met"] = out["streams_at_95pct"] >= 500
+    if arq_steps:
+        out["arq_steps"] = arq_steps
+        out["arq_streams_at_95pct"] = max(
+            (s["streams"] for s in arq_steps if s["delivered_ratio"] >= 0.95), default=0
+        )
     if pairs:
         ours = statistics.median(p[0]["worker_cpu_us_per_token"] for p in pairs)
         theirs = statistics.median(p[1]["worker_cpu_us_per_token"] for p in pairs)
@@ -528,6 +539,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--arq-streams", type=int, default=200)
     parser.add_argument("--arq-repeats", type=int, default=2, help="0: no arq side")
     parser.add_argument(
+        "--read-pause-ms",
+        type=int,
+        default=None,
+        help="the worker's [worker] read_pause_ms (default: the setting's default)",
+    )
+    parser.add_argument(
+        "--arq-steps",
+        default="",
+        help="stream counts arq runs through too, comma-separated (default: none)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="steps 100,200, a 5 s window, one arq pair"
     )
     args = parser.parse_args(argv)
@@ -535,8 +557,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.steps, args.window_s, args.warmup_s, args.arq_repeats = "100,200", 5.0, 2.0, 1
     try:
         args.steps = [int(s) for s in str(args.steps).split(",") if s.strip()]
+        args.arq_steps = [int(s) for s in str(args.arq_steps).split(",") if s.strip()]
     except ValueError:
-        parser.error("--steps: comma-separated whole numbers")
+        parser.error("--steps and --arq-steps: comma-separated whole numbers")
+    if args.arq_steps and min(args.arq_steps) < 1:
+        parser.error("need --arq-steps >= 1")
     if not args.steps or min(args.steps) < 1 or args.token_delay_ms <= 0 or args.window_s <= 0:
         parser.error("need --steps >= 1, --token-delay-ms > 0 and --window-s > 0")
     if args.arq_repeats and args.arq_streams < 1:
@@ -551,7 +576,10 @@ def main(argv: list[str]) -> int:
         token_delay_ms=args.token_delay_ms,
         completion_tokens=COMPLETION_TOKENS,
         prompt=PROMPT,
-        worker=FLUSH,
+        worker={
+            **FLUSH,
+            **({} if args.read_pause_ms is None else {"read_pause_ms": args.read_pause_ms}),
+        },
     ) as (cluster, server, fake, store):
         assert server.process is not None
         connection = redis.Redis.from_url(server.url)

@@ -23,6 +23,7 @@ import redis
 
 from resumeq.connection import connect
 from resumeq.heartbeat import LeaseKeeper
+from resumeq.pacing import paced_transport
 from resumeq.settings import ProviderProfile, Settings, load_settings
 from resumeq.store import Store
 
@@ -33,8 +34,11 @@ class HttpClients:
     the worker's concurrency): a stream that finds every connection busy waits for one —
     it never fails for it."""
 
-    def __init__(self, concurrency: int = 1, *, only: httpx.Client | None = None) -> None:
+    def __init__(
+        self, concurrency: int = 1, *, read_pause_ms: int = 0, only: httpx.Client | None = None
+    ) -> None:
         self.concurrency = concurrency
+        self.read_pause_ms = read_pause_ms
         self._only = only
         self._clients: dict[str, httpx.Client] = {}
         self._lock = threading.Lock()
@@ -51,15 +55,19 @@ class HttpClients:
             client = self._clients.get(name)
             if client is None:
                 size = profile.max_connections or self.concurrency
-                client = httpx.Client(
-                    verify=_SSL_CONTEXT or True,
-                    # HTTP/1.1 (benchmarks/http2.py: HTTP/2 costs the same CPU per token, and
-                    # httpx's shares one connection badly between threads); every connection
-                    # kept alive a minute, so a continuation reuses one (no new TLS handshake)
-                    limits=httpx.Limits(
-                        max_connections=size, max_keepalive_connections=size, keepalive_expiry=60
-                    ),
+                # HTTP/1.1 (benchmarks/http2.py: HTTP/2 costs the same CPU per token, and
+                # httpx's shares one connection badly between threads); every connection
+                # kept alive a minute, so a continuation reuses one (no new TLS handshake)
+                limits = httpx.Limits(
+                    max_connections=size, max_keepalive_connections=size, keepalive_expiry=60
                 )
+                verify = _SSL_CONTEXT or True
+                if self.read_pause_ms:
+                    pause_s = self.read_pause_ms / 1000
+                    transport = paced_transport(pause_s, verify=verify, limits=limits)
+                    client = httpx.Client(verify=verify, limits=limits, transport=transport)
+                else:
+                    client = httpx.Client(verify=verify, limits=limits)
                 self._clients[name] = client
             return client
 
@@ -192,7 +200,7 @@ def build_context(settings: Settings, *, concurrency: int = 1) -> WorkerContext:
         settings=settings,
         store=store,
         redis=client,
-        http=HttpClients(concurrency),
+        http=HttpClients(concurrency, read_pause_ms=file.worker.read_pause_ms),
         name=worker_name(),
         pid=os.getpid(),
         leases=LeaseKeeper(renewing),

@@ -94,8 +94,15 @@ def run_bare(store: Store, tokens: int, timeout_s: float) -> dict[str, float]:
     return {"seconds": result["ended"] - result["started"], "end_to_end_s": end_to_end}
 
 
-def start_workers(clusters: list[Cluster], tmp: Path, redis_url: str, base_url: str) -> None:
-    """One worker per side, each with its own config and queue (appended to ``clusters``)."""
+def start_workers(
+    clusters: list[Cluster],
+    tmp: Path,
+    redis_url: str,
+    base_url: str,
+    read_pause_ms: int | None = None,
+) -> None:
+    """One worker per side, each with its own config and queue (appended to ``clusters``);
+    ``read_pause_ms``: the resumeq sides' ``[worker] read_pause_ms`` (None: the default)."""
     profile = {"kind": "openai", "base_url": base_url, "counting": "chunks"}
     for side, flush in SIDES.items():
         directory = tmp / side
@@ -105,6 +112,8 @@ def start_workers(clusters: list[Cluster], tmp: Path, redis_url: str, base_url: 
             if flush
             else {}
         )
+        if flush and read_pause_ms is not None:
+            worker["read_pause_ms"] = read_pause_ms
         config = write_config(
             directory / "resumeq.toml", {"providers": {"fake": profile}, "worker": worker}
         )
@@ -164,6 +173,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tokens", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timeout-s", type=float, default=120.0, help="per stream")
+    parser.add_argument(
+        "--read-pause-ms",
+        type=int,
+        help="the workers' [worker] read_pause_ms (default: its default)",
+    )
     args = parser.parse_args(argv)
     if args.tokens < 100 or args.repeats < 1:
         parser.error("need --tokens >= 100 and --repeats >= 1")
@@ -174,7 +188,7 @@ def main(argv: list[str]) -> int:
     ):
         clusters: list[Cluster] = []
         try:
-            start_workers(clusters, Path(tmp), server.url, fake.openai_base_url)
+            start_workers(clusters, Path(tmp), server.url, fake.openai_base_url, args.read_pause_ms)
             samples = run_rounds(Store.from_url(server.url), args)
         except (TimeoutError, RuntimeError):
             for cluster in clusters:

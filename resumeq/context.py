@@ -23,7 +23,7 @@ import redis
 
 from resumeq.connection import connect
 from resumeq.heartbeat import LeaseKeeper
-from resumeq.pacing import paced_transport
+from resumeq.pacing import FULL_AT, paced_transport
 from resumeq.settings import ProviderProfile, Settings, load_settings
 from resumeq.store import Store
 
@@ -32,7 +32,8 @@ class HttpClients:
     """One HTTP client per provider profile (one TLS context, one connection pool each),
     made on first use. A pool holds at most the profile's ``max_connections`` (by default
     the worker's concurrency): a stream that finds every connection busy waits for one —
-    it never fails for it."""
+    it never fails for it. Connections are paced by ``read_pause_ms`` (:mod:`resumeq.pacing`)
+    and can be drained at a handoff."""
 
     def __init__(
         self, concurrency: int = 1, *, read_pause_ms: int = 0, only: httpx.Client | None = None
@@ -62,12 +63,10 @@ class HttpClients:
                     max_connections=size, max_keepalive_connections=size, keepalive_expiry=60
                 )
                 verify = _SSL_CONTEXT or True
-                if self.read_pause_ms:
-                    pause_s = self.read_pause_ms / 1000
-                    transport = paced_transport(pause_s, verify=verify, limits=limits)
-                    client = httpx.Client(verify=verify, limits=limits, transport=transport)
-                else:
-                    client = httpx.Client(verify=verify, limits=limits)
+                transport = paced_transport(
+                    self.read_pause_ms / 1000, verify=verify, limits=limits, full_at=FULL_AT
+                )
+                client = httpx.Client(verify=verify, limits=limits, transport=transport)
                 self._clients[name] = client
             return client
 

@@ -16,7 +16,13 @@ pause at the latest.
 
 The cost is latency, bounded by the pause: a token is read at most ``read_pause_ms`` after
 it arrived, while the checkpoint that makes it durable comes every ``flush_tokens`` tokens
-or ``flush_ms`` anyway.
+or ``flush_ms`` anyway. The pause grows with the load: it is whole once :data:`FULL_AT`
+streams of the process are being read at once, and in proportion below that, so a worker
+running a few streams reads each token as it comes.
+
+A paced stream can also be drained (:meth:`PacedStream.drain`): a worker handing its jobs
+off keeps every byte that has already reached it (tokens the provider billed) and ends the
+stream at the first read that would wait.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import select
 import socket
 import ssl
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -31,27 +38,78 @@ from typing import Any
 import httpcore
 import httpx
 
+#: Streams being read at once from which the pause is the whole ``read_pause_ms``.
+FULL_AT = 32
+
+
+class Readers:
+    """How many paced streams of a process are in a read (waiting or pausing): the load
+    that decides how long a pause is. Shared by the streams of one backend."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.now = 0
+
+    def enter(self) -> None:
+        with self._lock:
+            self.now += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self.now -= 1
+
 
 class PacedStream(httpcore.NetworkStream):
-    """A network stream whose reads that would wait come at most once per ``pause_s``."""
+    """A network stream whose reads that would wait come at most once per pause.
 
-    def __init__(self, inner: httpcore.NetworkStream, pause_s: float) -> None:
+    The pause is ``pause_s`` once ``full_at`` streams of the backend are being read at
+    once, and in proportion below that: a worker with a few streams wakes for each token
+    (its CPU is idle anyway) and reads it at once; one with hundreds saves the wake-ups.
+
+    :meth:`drain`: from then on a read that would wait ends the stream instead (answers
+    no bytes, as a peer that closed would), so the reader takes every byte that has
+    reached this machine and no more (a worker's handoff)."""
+
+    def __init__(
+        self,
+        inner: httpcore.NetworkStream,
+        pause_s: float,
+        *,
+        readers: Readers | None = None,
+        full_at: int = 1,
+    ) -> None:
         self._inner = inner
         self._pause_s = pause_s
-        self._next_read = 0.0  # monotonic time before which a read that would wait sleeps
+        self._readers = readers if readers is not None else Readers()
+        self._full_at = max(1, full_at)
+        self._last_read = 0.0  # monotonic time of the last read's return
+        self.draining = False
         #: Reads that found nothing waiting: each a wake-up (a sleep, a blocking wait or both).
         self.waits = 0
 
+    def pause_s(self) -> float:
+        """The pause now: ``pause_s`` scaled by the streams being read."""
+        return self._pause_s * min(1.0, self._readers.now / self._full_at)
+
+    def drain(self) -> None:
+        self.draining = True
+
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        if not self._waiting():
-            self.waits += 1
-            wait = self._next_read - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)
+        if not self._pause_s and not self.draining:
+            return self._inner.read(max_bytes, timeout)
+        self._readers.enter()
         try:
+            if not self._waiting():
+                if self.draining:
+                    return b""
+                self.waits += 1
+                wait = self._last_read + self.pause_s() - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
             return self._inner.read(max_bytes, timeout)
         finally:
-            self._next_read = time.monotonic() + self._pause_s
+            self._readers.leave()
+            self._last_read = time.monotonic()
 
     def _waiting(self) -> bool:
         """Whether bytes are ready to read now (decrypted TLS bytes or the socket's)."""
@@ -79,18 +137,26 @@ class PacedStream(httpcore.NetworkStream):
         timeout: float | None = None,
     ) -> httpcore.NetworkStream:
         inner = self._inner.start_tls(ssl_context, server_hostname, timeout)
-        return PacedStream(inner, self._pause_s)
+        return PacedStream(inner, self._pause_s, readers=self._readers, full_at=self._full_at)
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
 
 
 class PacedBackend(httpcore.NetworkBackend):
-    """httpcore's own synchronous backend, its streams paced."""
+    """httpcore's own synchronous backend, its streams paced (:class:`PacedStream`; 0: no
+    pause, and :meth:`PacedStream.drain` still works)."""
 
-    def __init__(self, pause_s: float, inner: httpcore.NetworkBackend | None = None) -> None:
+    def __init__(
+        self, pause_s: float, inner: httpcore.NetworkBackend | None = None, *, full_at: int = 1
+    ) -> None:
         self._pause_s = pause_s
         self._inner = inner if inner is not None else httpcore.SyncBackend()
+        self._readers = Readers()
+        self._full_at = full_at
+
+    def _paced(self, inner: httpcore.NetworkStream) -> PacedStream:
+        return PacedStream(inner, self._pause_s, readers=self._readers, full_at=self._full_at)
 
     def connect_tcp(
         self,
@@ -100,21 +166,21 @@ class PacedBackend(httpcore.NetworkBackend):
         local_address: str | None = None,
         socket_options: Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
-        inner = self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
-        return PacedStream(inner, self._pause_s)
+        return self._paced(
+            self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        )
 
     def connect_unix_socket(
         self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
     ) -> httpcore.NetworkStream:
-        inner = self._inner.connect_unix_socket(path, timeout, socket_options)
-        return PacedStream(inner, self._pause_s)
+        return self._paced(self._inner.connect_unix_socket(path, timeout, socket_options))
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
 
 
 def paced_transport(
-    pause_s: float, *, verify: ssl.SSLContext | bool, limits: httpx.Limits
+    pause_s: float, *, verify: ssl.SSLContext | bool, limits: httpx.Limits, full_at: int = 1
 ) -> httpx.HTTPTransport:
     """An ``httpx.HTTPTransport`` (HTTP/1.1) whose connections are paced by ``pause_s``.
 
@@ -132,7 +198,7 @@ def paced_transport(
         keepalive_expiry=limits.keepalive_expiry,
         http1=True,
         http2=False,
-        network_backend=PacedBackend(pause_s),
+        network_backend=PacedBackend(pause_s, full_at=full_at),
     )
     pool.close()
     return transport

@@ -66,6 +66,33 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class Pieces:
+    """Text that arrives a token at a time, kept compact. A stream's deltas are short
+    strings of some 50 bytes of object each: kept as they came, a long answer's pieces cost
+    ten times its text for as long as the attempt runs, and a worker holds hundreds of
+    attempts. Every :data:`JOIN_EVERY` pieces are joined into one string."""
+
+    JOIN_EVERY = 64
+
+    __slots__ = ("_joined", "_recent", "count")
+
+    def __init__(self) -> None:
+        self._joined: list[str] = []
+        self._recent: list[str] = []
+        #: Pieces appended (the chunks that carried text).
+        self.count = 0
+
+    def append(self, text: str) -> None:
+        self._recent.append(text)
+        self.count += 1
+        if len(self._recent) >= self.JOIN_EVERY:
+            self._joined.append("".join(self._recent))
+            self._recent.clear()
+
+    def text(self) -> str:
+        return "".join(self._joined) + "".join(self._recent)
+
+
 @dataclass
 class StreamResult:
     """How the stream ended, what it said about itself, and what it delivered."""
@@ -73,8 +100,8 @@ class StreamResult:
     cut: Cut
     usage: Usage = field(default_factory=Usage)
     #: Text deltas as they arrived (an echo included), and the reasoning's text.
-    received: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
+    received: Pieces = field(default_factory=Pieces)
+    reasoning: Pieces = field(default_factory=Pieces)
     tally: Tally = field(default_factory=Tally)
     lost: BaseException | None = None
 
@@ -361,8 +388,10 @@ class AttemptRunner:
                     if lost.is_set():
                         return  # nothing more may be written
                     self._take(event, result, call.splicer, call.ckpt)
-                    if handoff.is_set():
-                        return  # what arrived is kept: it was paid for
+                    # A handoff keeps what reached this machine (it was paid for): the
+                    # stream is read on until it would wait for the provider, then cut.
+                    if handoff.is_set() and not stream.drain():
+                        return
             except StreamCut as exc:
                 kind = "stall" if isinstance(exc, Stalled) else "stream_cut"
                 result.cut = Cut(
@@ -426,9 +455,9 @@ class AttemptRunner:
         endpoint where the profile says and nothing better is known."""
         record, profile, ckpt = call.record, call.profile, call.ckpt
         seam = call.splicer.report
-        generated = "".join(result.received)[seam.echo_dropped :]
+        generated = result.received.text()[seam.echo_dropped :]
         tally = result.tally
-        tally.text_chunks = len(result.received) - seam.echo_pieces
+        tally.text_chunks = result.received.count - seam.echo_pieces
         tally.text_bytes = len(generated.encode("utf-8"))
         tally.tokens = ckpt.flushed_tokens + ckpt.pending_tokens
         usage = result.usage
@@ -445,7 +474,7 @@ class AttemptRunner:
             )
 
         count = counted()
-        reasoning = "".join(result.reasoning)
+        reasoning = result.reasoning.text()
         ask = ask_tokenizer and profile.counts_with_tokenizer and bool(generated or reasoning)
         if count.source == "estimate" and ask:
             try:

@@ -228,9 +228,11 @@ def test_a_worker_reads_its_providers_over_paced_connections(fake: FakeProvider)
         try:
             client = clients.get("fake", profile(fake.openai_base_url))
             with client.stream("POST", f"{fake.openai_base_url}/chat/completions", json=body) as r:
-                paced = isinstance(r.extensions["network_stream"], PacedStream)
+                stream = r.extensions["network_stream"]
                 texts.append(r.read())
-            assert paced == bool(pause)
+            # Paced or not, a worker's connections can be drained at a handoff.
+            assert isinstance(stream, PacedStream) and stream.pause_s() == 0
+            assert stream._pause_s == pause / 1000
         finally:
             clients.close()
     assert content(texts[0]) == content(texts[1]) and len(content(texts[0])) > 200
@@ -245,6 +247,51 @@ def content(body: bytes) -> str:
             for choice in json.loads(data).get("choices", []):
                 out.append(choice["delta"].get("content") or "")
     return "".join(out)
+
+
+def test_the_pause_grows_with_the_streams_being_read(sender: Sender) -> None:
+    backend = PacedBackend(0.2, full_at=4)
+    stream = backend.connect_tcp("127.0.0.1", sender.port, timeout=10)
+    assert isinstance(stream, PacedStream)
+    readers = backend._readers
+    try:
+        assert stream.pause_s() == 0  # nobody reading: no pause
+        for now, pause in ((1, 0.05), (2, 0.1), (4, 0.2), (50, 0.2)):
+            readers.now = now
+            assert stream.pause_s() == pytest.approx(pause)
+        readers.now = 0
+        # Counted while a read waits, and no more once it returned.
+        sender.conn.sendall(b"late")
+        assert stream.read(100, timeout=10) == b"late" and readers.now == 0
+    finally:
+        stream.close()
+
+
+def test_a_drained_stream_keeps_what_arrived_and_ends_without_waiting(sender: Sender) -> None:
+    stream = PacedBackend(0.05).connect_tcp("127.0.0.1", sender.port, timeout=10)
+    assert isinstance(stream, PacedStream)
+    pieces = [f"token {n}\n".encode() for n in range(20)]
+    for piece in pieces:
+        sender.conn.sendall(piece)
+    assert stream.read(8, timeout=10) == b"token 0\n"  # one read before the handoff
+    stream.drain()
+    time.sleep(0.05)  # everything sent has arrived
+    began = time.monotonic()
+    got, _ = read_all(stream)  # the server never closes: drained, not ended by the peer
+    stream.close()
+    assert b"token 0\n" + got == b"".join(pieces)
+    assert time.monotonic() - began < 1.0  # not the 10 s read timeout
+
+
+def test_an_unpaced_stream_can_be_drained_too(sender: Sender) -> None:
+    stream = PacedBackend(0).connect_tcp("127.0.0.1", sender.port, timeout=10)
+    assert isinstance(stream, PacedStream)
+    sender.conn.sendall(b"abc")
+    time.sleep(0.05)
+    stream.drain()
+    assert stream.read(100, timeout=10) == b"abc"
+    assert stream.read(100, timeout=10) == b""
+    stream.close()
 
 
 def test_read_pause_is_bounded() -> None:

@@ -50,6 +50,7 @@ from resumeq.errors import (
     Truncated,
     UnreadableCount,
 )
+from resumeq.pacing import PacedStream
 from resumeq.providers.sse import iter_events
 from resumeq.settings import ProviderProfile
 
@@ -277,6 +278,16 @@ class ProviderStream(ABC):
         """Close the connection now: the provider stops generating (and billing)."""
         self.closed = True
         self._response.close()
+
+    def drain(self) -> bool:
+        """Read on only what has already reached this machine: the stream ends (a cut) at
+        the first read that would wait for the provider. Answers False when the connection
+        cannot be drained (not a paced one: an injected client), so the caller stops."""
+        stream = self._response.extensions.get("network_stream")
+        if not isinstance(stream, PacedStream):
+            return False
+        stream.drain()
+        return True
 
     def interrupt(self) -> None:
         """Close the connection from another thread: the thread reading it is woken at once,

@@ -21,15 +21,18 @@ streams of the process are being read at once, and in proportion below that, so 
 running a few streams reads each token as it comes.
 
 A paced stream can also be drained (:meth:`PacedStream.drain`): a worker handing its jobs
-off keeps every byte that has already reached it (tokens the provider billed) and ends the
-stream at the first read that would wait.
+off reads every byte that had already reached it (tokens the provider billed), then ends
+the stream.
 """
 
 from __future__ import annotations
 
+import fcntl
 import select
 import socket
 import ssl
+import struct
+import termios
 import threading
 import time
 from collections.abc import Iterable
@@ -66,9 +69,10 @@ class PacedStream(httpcore.NetworkStream):
     once, and in proportion below that: a worker with a few streams wakes for each token
     (its CPU is idle anyway) and reads it at once; one with hundreds saves the wake-ups.
 
-    :meth:`drain`: from then on a read that would wait ends the stream instead (answers
-    no bytes, as a peer that closed would), so the reader takes every byte that has
-    reached this machine and no more (a worker's handoff)."""
+    :meth:`drain`: the stream is read on up to the bytes that had reached this machine when
+    it was called, then ends (a read answers no bytes, as when a peer closes): a worker
+    handing off keeps what was paid for and delivered, and takes no more, however fast
+    the provider goes on sending."""
 
     def __init__(
         self,
@@ -84,6 +88,7 @@ class PacedStream(httpcore.NetworkStream):
         self._full_at = max(1, full_at)
         self._last_read = 0.0  # monotonic time of the last read's return
         self.draining = False
+        self._drain_left = 0  # bytes still to read once draining
         #: Reads that found nothing waiting: each a wake-up (a sleep, a blocking wait or both).
         self.waits = 0
 
@@ -92,16 +97,23 @@ class PacedStream(httpcore.NetworkStream):
         return self._pause_s * min(1.0, self._readers.now / self._full_at)
 
     def drain(self) -> None:
-        self.draining = True
+        if not self.draining:
+            self.draining = True
+            self._drain_left = self._arrived()
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        if not self._pause_s and not self.draining:
+        if self.draining:
+            if self._drain_left <= 0 or not self._waiting():
+                return b""
+            # At most what had arrived (raw bytes: a TLS record decrypts to fewer).
+            data = self._inner.read(min(max_bytes, self._drain_left), timeout)
+            self._drain_left -= len(data)
+            return data
+        if not self._pause_s:
             return self._inner.read(max_bytes, timeout)
         self._readers.enter()
         try:
             if not self._waiting():
-                if self.draining:
-                    return b""
                 self.waits += 1
                 wait = self._last_read + self.pause_s() - time.monotonic()
                 if wait > 0:
@@ -110,6 +122,19 @@ class PacedStream(httpcore.NetworkStream):
         finally:
             self._readers.leave()
             self._last_read = time.monotonic()
+
+    def _arrived(self) -> int:
+        """Bytes that have reached this machine and are not read yet (the kernel's count;
+        decrypted TLS bytes too)."""
+        sock = self._inner.get_extra_info("socket")
+        if not isinstance(sock, socket.socket):
+            return 0
+        pending = sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
+        try:
+            raw = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        except (OSError, ValueError):
+            return pending
+        return pending + int(struct.unpack("i", raw)[0])
 
     def _waiting(self) -> bool:
         """Whether bytes are ready to read now (decrypted TLS bytes or the socket's)."""

@@ -273,9 +273,11 @@ def test_a_drained_stream_keeps_what_arrived_and_ends_without_waiting(sender: Se
     pieces = [f"token {n}\n".encode() for n in range(20)]
     for piece in pieces:
         sender.conn.sendall(piece)
+    time.sleep(0.05)  # everything sent has arrived
     assert stream.read(8, timeout=10) == b"token 0\n"  # one read before the handoff
     stream.drain()
-    time.sleep(0.05)  # everything sent has arrived
+    sender.conn.sendall(b"sent after the handoff began\n")  # not read: not yet arrived
+    time.sleep(0.05)
     began = time.monotonic()
     got, _ = read_all(stream)  # the server never closes: drained, not ended by the peer
     stream.close()
@@ -289,6 +291,8 @@ def test_an_unpaced_stream_can_be_drained_too(sender: Sender) -> None:
     sender.conn.sendall(b"abc")
     time.sleep(0.05)
     stream.drain()
+    sender.conn.sendall(b"def")
+    time.sleep(0.05)
     assert stream.read(100, timeout=10) == b"abc"
     assert stream.read(100, timeout=10) == b""
     stream.close()

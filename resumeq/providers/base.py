@@ -280,9 +280,9 @@ class ProviderStream(ABC):
         self._response.close()
 
     def drain(self) -> bool:
-        """Read on only what has already reached this machine: the stream ends (a cut) at
-        the first read that would wait for the provider. Answers False when the connection
-        cannot be drained (not a paced one: an injected client), so the caller stops."""
+        """Read on only the bytes that have already reached this machine, then end (a
+        cut). Answers False when the connection cannot be drained (not a paced one: an
+        injected client), so the caller stops."""
         stream = self._response.extensions.get("network_stream")
         if not isinstance(stream, PacedStream):
             return False

@@ -169,9 +169,11 @@ def test_flush_extends_the_lease(store: Store) -> None:
 def test_zombie_flush_and_renew_are_refused(store: Store) -> None:
     """A's lease expires; a janitor reaps, B resumes; A's late writes change nothing."""
     job_id = store.create(spec()).id
-    a = store.acquire(job_id, worker="A", ttl_ms=100)
+    # A lease long enough for A's flush on a loaded machine (100 ms was not, under a full
+    # suite on two cores), then waited out.
+    a = store.acquire(job_id, worker="A", ttl_ms=1000)
     a_rev = store.flush(a.lease, expected_revision=1, delta="from A. ", tokens=3).revision
-    time.sleep(0.2)
+    time.sleep(1.1)
 
     # Lease gone and nobody took over yet: A is already refused.
     with pytest.raises(LeaseLost):

@@ -29,7 +29,6 @@ heartbeat), finished through ``handle_job_success`` / ``handle_job_failure`` lik
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -129,32 +128,6 @@ class ThreadScheduler(RQScheduler):
             self._thread.join(timeout=5)
 
 
-#: glibc's malloc arenas in a worker with many attempts (its default: 8 per core).
-MALLOC_ARENAS = 2
-
-#: ``mallopt``'s parameter for the most arenas (glibc's ``malloc.h``).
-_M_ARENA_MAX = -8
-
-
-def limit_malloc_arenas(count: int) -> bool:
-    """At most ``count`` glibc malloc arenas in this process, unless ``MALLOC_ARENA_MAX``
-    says otherwise; answers whether the limit was set.
-
-    glibc gives a thread that allocates while another holds an arena an arena of its own, up
-    to 8 per core, and each keeps the pages its threads ever used. An attempt's thread
-    allocates only while it holds the interpreter lock, so hundreds of them never contend
-    for an arena: more arenas only spread the same objects over more pages
-    (``benchmarks/memory.py``)."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False  # not glibc
-    return bool(mallopt(ctypes.c_int(_M_ARENA_MAX), ctypes.c_int(count)))
-
-
 class ConcurrentWorker(BaseWorker):
     """Runs up to ``concurrency`` attempts at once, each on its own thread (module doc)."""
 
@@ -207,8 +180,6 @@ class ConcurrentWorker(BaseWorker):
         """Dequeue and run attempts until told to stop (``burst``: until the queues are
         empty and nothing runs); answers whether any attempt ran."""
         self.bootstrap(logging_level)
-        if self.concurrency > 1:
-            limit_malloc_arenas(MALLOC_ARENAS)
         version = self.get_redis_server_version()
         if version and version < (6, 0, 0):  # a blocking pop's timeout in whole seconds
             self._dequeue_wait_s = 1

@@ -9,7 +9,6 @@ import httpx
 import pytest
 from worker_support import attempt_runner
 
-from resumeq.concurrent import MALLOC_ARENAS, limit_malloc_arenas
 from resumeq.context import Handoff, HttpClients, redis_pool_size
 from resumeq.fake import FakeProvider, count_tokens
 from resumeq.producer import enqueue_job
@@ -126,12 +125,3 @@ def test_a_handoff_keeps_every_token_received_and_hands_the_job_on_at_once(
     assert kept >= 45
     assert sent["tokens_emitted"] - kept <= 1, (sent["tokens_emitted"], kept)
     assert record.spent_output_tokens >= kept
-
-
-def test_a_worker_of_many_attempts_limits_mallocs_arenas_unless_told_otherwise(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
-    assert limit_malloc_arenas(2) is False  # the operator's setting stands
-    monkeypatch.delenv("MALLOC_ARENA_MAX")
-    assert limit_malloc_arenas(MALLOC_ARENAS) is True  # glibc (Debian) took it

@@ -44,6 +44,9 @@ import httpx
 #: Streams being read at once from which the pause is the whole ``read_pause_ms``.
 FULL_AT = 32
 
+#: Below this a pause is not taken: a stream is read as it comes (a few streams at once).
+MIN_PAUSE_S = 0.01
+
 
 class Readers:
     """How many paced streams of a process are in a read (waiting or pausing): the load
@@ -113,9 +116,11 @@ class PacedStream(httpcore.NetworkStream):
             return self._inner.read(max_bytes, timeout)
         self._readers.enter()
         try:
-            if not self._waiting():
+            pause = self.pause_s()
+            # A short pause saves few wake-ups and costs a readiness check per read.
+            if pause >= MIN_PAUSE_S and not self._waiting():
                 self.waits += 1
-                wait = self._last_read + self.pause_s() - time.monotonic()
+                wait = self._last_read + pause - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)
             return self._inner.read(max_bytes, timeout)

@@ -133,6 +133,20 @@ def test_a_slow_stream_is_read_a_few_pieces_per_read(sender: Sender) -> None:
     assert isinstance(stream, PacedStream) and stream.waits <= reads
 
 
+def test_a_lone_stream_is_read_as_it_comes(sender: Sender) -> None:
+    # Whole from 32 streams on: one stream's pause (3 ms) is under MIN_PAUSE_S, not taken.
+    pieces = [f"token {n}\n".encode() for n in range(20)]
+    stream = PacedBackend(0.1, full_at=32).connect_tcp("127.0.0.1", sender.port, timeout=10)
+    writer = sender.trickle(pieces, gap_s=0.02)
+    try:
+        got, reads = read_all(stream)
+    finally:
+        stream.close()
+        writer.join(timeout=10)
+    assert got == b"".join(pieces)
+    assert isinstance(stream, PacedStream) and stream.waits == 0 and reads >= 15
+
+
 def test_bytes_already_waiting_are_read_without_a_pause(sender: Sender) -> None:
     body = bytes(range(256)) * 600  # 150 KB: many reads of 64 KB at most
     stream = PacedBackend(2.0).connect_tcp("127.0.0.1", sender.port, timeout=10)

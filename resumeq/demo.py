@@ -53,7 +53,14 @@ PLAN = (
     DemoJob(
         "rate-limited", "kelp forests", fault={"kind": "status", "status": 429, "retry_after": 1}
     ),
-    DemoJob("killed-worker", "salt marshes", kill_after=32),
+    # The provider pauses after 48 tokens, as real ones do under load: the worker is killed
+    # in the middle of the stream, never after a short answer has already ended.
+    DemoJob(
+        "killed-worker",
+        "salt marshes",
+        fault={"kind": "stall", "after_tokens": 48, "seconds": 1},
+        kill_after=32,
+    ),
     DemoJob(
         "spills",
         "river deltas",

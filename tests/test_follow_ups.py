@@ -130,13 +130,13 @@ def test_a_hook_whose_worker_died_while_it_ran_runs_again(
     rq_job = queue.fetch_job(hook_rq_id(job_id, "notify"))
     assert rq_job is not None
     # The run took the hook's lease and its RQ job started; then its worker was killed.
-    assert ctx.store.claim_hook(job_id, "notify", token="dead-run", ttl_ms=100) == "ok"
+    assert ctx.store.claim_hook(job_id, "notify", token="dead-run", ttl_ms=400) == "ok"
     queue.remove(rq_job)
     rq_job.set_status(JobStatus.STARTED)
     rq_job.started_at = datetime.now(UTC) - timedelta(seconds=60)
     rq_job.save()
     assert janitor.sweep().followed_up == []  # its lease still holds: in progress
-    time.sleep(0.15)
+    time.sleep(0.5)
     monkeypatch.setattr("resumeq.outbox.STARTED_GRACE_S", 5)
     assert janitor.sweep().followed_up == [job_id]  # lease lapsed, started long ago: died
     assert queue.get_job_ids() == [hook_rq_id(job_id, "notify")]

@@ -33,9 +33,14 @@ def janitor(redis_server: RedisServer, redis_client: redis.Redis) -> Janitor:
     return Janitor(build_context(settings))
 
 
+#: A lease that outlives the flush written right after it on a loaded machine, and the wait
+#: after which it has surely lapsed.
+LEASE_MS, LAPSE_S = 400, 0.5
+
+
 def running_with_dead_lease(store: Store, spent: int) -> str:
     job_id = store.create(SPEC).id
-    got = store.acquire(job_id, worker="dead-worker-1", ttl_ms=100)
+    got = store.acquire(job_id, worker="dead-worker-1", ttl_ms=LEASE_MS)
     if spent:
         store.flush(got.lease, expected_revision=1, delta="x" * spent, tokens=spent)
     return job_id
@@ -44,7 +49,7 @@ def running_with_dead_lease(store: Store, spent: int) -> str:
 def test_a_dead_workers_job_is_resumed_and_its_attempt_recorded(janitor: Janitor) -> None:
     store = janitor.store
     job_id = running_with_dead_lease(store, 40)
-    time.sleep(0.25)
+    time.sleep(LAPSE_S)
     report = janitor.sweep()
     assert report.reaped == [job_id] and report.outcomes[job_id] == "queued"
     record = store.get(job_id)
@@ -58,7 +63,7 @@ def test_a_dead_workers_job_is_resumed_and_its_attempt_recorded(janitor: Janitor
 def test_several_janitors_reap_each_job_once(janitor: Janitor) -> None:
     store = janitor.store
     ids = [running_with_dead_lease(store, 10) for _ in range(5)]
-    time.sleep(0.25)
+    time.sleep(LAPSE_S)
     other = Janitor(janitor.ctx)
     first, second = janitor.sweep(), other.sweep()
     assert sorted(first.reaped + second.reaped) == sorted(ids)
@@ -107,7 +112,7 @@ def test_a_corrupt_record_fails_and_the_sweep_goes_on(janitor: Janitor, damage: 
     bad = running_with_dead_lease(store, 5)
     good = running_with_dead_lease(store, 5)
     damage(store.redis, keys.job(bad))  # type: ignore[operator]
-    time.sleep(0.25)
+    time.sleep(LAPSE_S)
     report = janitor.sweep()
     assert good in report.reaped and store.get(good).state is JobState.QUEUED
     raw = store.redis.hgetall(keys.job(bad))
@@ -166,9 +171,9 @@ def test_a_dead_attempts_characters_are_counted_from_its_text(janitor: Janitor) 
     got = store.acquire(job_id, worker="w1", ttl_ms=5000)
     store.flush(got.lease, expected_revision=1, delta="héllo ", tokens=2)
     store.release(got.lease, to="queued", reason="disconnected")
-    got = store.acquire(job_id, worker="dead-worker-2", ttl_ms=100)
+    got = store.acquire(job_id, worker="dead-worker-2", ttl_ms=LEASE_MS)
     store.flush(got.lease, expected_revision=got.record.revision, delta="wörld ✓", tokens=3)
-    time.sleep(0.25)
+    time.sleep(LAPSE_S)
     assert janitor.sweep().reaped == [job_id]
     (entry,) = store.ledger(job_id)  # the first release wrote no record
     assert entry["kind"] == "resume" and entry["attempt"] == 2

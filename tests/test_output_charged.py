@@ -92,7 +92,7 @@ def test_a_dead_workers_chunk_count_is_raised_to_an_estimate(
     profile = {"kind": "anthropic", "base_url": fake.anthropic_base_url}
     spec = {"prompt": "p", "provider": "p", "model": "m", "budget_tokens": 500}
     job_id = real_store.create(spec).id
-    got = real_store.acquire(job_id, worker="doomed", ttl_ms=100)
+    got = real_store.acquire(job_id, worker="doomed", ttl_ms=400)
     real_store.flush(got.lease, expected_revision=got.record.revision, delta=text, tokens=10,
                      exact=False)  # fmt: skip
     settings = Settings(
@@ -103,7 +103,7 @@ def test_a_dead_workers_chunk_count_is_raised_to_an_estimate(
     )
     ctx = build_context(settings)
     try:
-        time.sleep(0.2)
+        time.sleep(0.5)  # the 400 ms lease (long enough for the flush) has lapsed
         assert Janitor(ctx).sweep().outcomes == {job_id: "queued"}
     finally:
         ctx.close()

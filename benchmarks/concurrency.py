@@ -541,8 +541,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--read-pause-ms",
         type=int,
-        default=None,
-        help="the worker's [worker] read_pause_ms (default: the setting's default)",
+        default=100,
+        help="the worker's [worker] read_pause_ms (default 100, as for hundreds of streams)",
     )
     parser.add_argument(
         "--arq-steps",

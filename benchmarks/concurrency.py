@@ -576,10 +576,7 @@ def main(argv: list[str]) -> int:
         token_delay_ms=args.token_delay_ms,
         completion_tokens=COMPLETION_TOKENS,
         prompt=PROMPT,
-        worker={
-            **FLUSH,
-            **({} if args.read_pause_ms is None else {"read_pause_ms": args.read_pause_ms}),
-        },
+        worker={**FLUSH, "read_pause_ms": args.read_pause_ms},
     ) as (cluster, server, fake, store):
         assert server.process is not None
         connection = redis.Redis.from_url(server.url)

@@ -176,15 +176,7 @@ def run_demo(*, progress: Any = None, timeout_s: float = 60.0) -> dict[str, Any]
                         "stall_timeout_s": 5.0,
                     }
                 },
-                # The demo's provider sends a token every 1.5 ms so that it ends in seconds;
-                # paced reads (made for real providers' pace) would take such a stream in
-                # a few gulps, before the demo's worker can be killed in the middle of it.
-                "worker": {
-                    "flush_tokens": 16,
-                    "flush_ms": 250,
-                    "lease_ttl_ms": 1500,
-                    "read_pause_ms": 0,
-                },
+                "worker": {"flush_tokens": 16, "flush_ms": 250, "lease_ttl_ms": 1500},
                 "janitor": {"interval_s": 0.25},
             },
         )

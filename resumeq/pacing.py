@@ -4,7 +4,7 @@ waiting, so a slow stream's tokens are read a few at a time instead of one per w
 A provider sends a streamed answer one token per chunk, tens of milliseconds apart. A
 thread that blocks on the socket for every chunk wakes once per token, and a wake-up costs
 far more CPU than the token's parsing does (``benchmarks/concurrency.py``: on a virtual
-machine a blocking read that waits costs 150 to 250 µs of CPU, a chunk's HTTP, SSE and JSON
+machine a blocking read that waits costs 140 to 260 µs of CPU, a chunk's HTTP, SSE and JSON
 parsing 15 µs). With hundreds of streams in one process those wake-ups are most of its
 work. A paced connection sleeps out the rest of its pause before it waits for bytes: the
 chunks that arrive meanwhile are read by one ``recv`` and parsed in one go. Bytes already
@@ -86,6 +86,9 @@ class PacedStream(httpcore.NetworkStream):
         full_at: int = 1,
     ) -> None:
         self._inner = inner
+        sock = inner.get_extra_info("socket")
+        #: The socket asked whether bytes wait (None: not one we can ask, never delayed).
+        self._sock = sock if isinstance(sock, socket.socket) else None
         self._pause_s = pause_s
         self._readers = readers if readers is not None else Readers()
         self._full_at = max(1, full_at)
@@ -131,8 +134,8 @@ class PacedStream(httpcore.NetworkStream):
     def _arrived(self) -> int:
         """Bytes that have reached this machine and are not read yet (the kernel's count;
         decrypted TLS bytes too)."""
-        sock = self._inner.get_extra_info("socket")
-        if not isinstance(sock, socket.socket):
+        sock = self._sock
+        if sock is None:
             return 0
         pending = sock.pending() if isinstance(sock, ssl.SSLSocket) else 0
         try:
@@ -143,8 +146,8 @@ class PacedStream(httpcore.NetworkStream):
 
     def _waiting(self) -> bool:
         """Whether bytes are ready to read now (decrypted TLS bytes or the socket's)."""
-        sock = self._inner.get_extra_info("socket")
-        if not isinstance(sock, socket.socket):
+        sock = self._sock
+        if sock is None:
             return True  # not a socket we can ask: never delay it
         if isinstance(sock, ssl.SSLSocket) and sock.pending():
             return True

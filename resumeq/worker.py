@@ -388,8 +388,8 @@ class AttemptRunner:
                     if lost.is_set():
                         return  # nothing more may be written
                     self._take(event, result, call.splicer, call.ckpt)
-                    # A handoff keeps what reached this machine (it was paid for): the
-                    # stream is read on until it would wait for the provider, then cut.
+                    # A handoff keeps what had reached this machine when it began (it was
+                    # paid for): the stream is read on up to those bytes, then cut.
                     if handoff.is_set() and not stream.drain():
                         return
             except StreamCut as exc:

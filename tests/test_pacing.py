@@ -332,4 +332,5 @@ def test_httpx_transport_shape_is_what_pacing_expects() -> None:
         assert pool._max_connections == 3
     finally:
         clients.close()
-    assert isinstance(httpx.HTTPTransport()._pool, httpcore.ConnectionPool)
+    with httpx.HTTPTransport() as plain:
+        assert isinstance(plain._pool, httpcore.ConnectionPool)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import sys
 
+from resumeq import heap
 from resumeq.errors import ResumeqError
 from resumeq.rq_worker import run_worker
 from resumeq.settings import load_settings
 
 
 def main(argv: list[str]) -> int:
+    heap.reexec_without_thread_caches()  # this process again, glibc's thread caches off
     try:
         return run_worker(load_settings(), argv)
     except (ResumeqError, ValueError) as exc:
@@ -25,4 +27,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    heap.mark_entry_point()
     sys.exit(main(sys.argv[1:]))

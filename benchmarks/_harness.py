@@ -305,7 +305,9 @@ def slow_stream_bench(
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp, RedisServer() as server:
         directory = Path(tmp)
         config_path = directory / "resumeq.toml"
-        cluster = Cluster(directory, redis_url=server.url, config=config_path)
+        cluster = Cluster(
+            directory, redis_url=server.url, config=config_path, thread_caches_off=False
+        )
         with FakeProcess(
             directory,
             completion_tokens=completion_tokens,

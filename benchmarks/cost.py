@@ -226,7 +226,7 @@ def main(argv: list[str]) -> int:
                 "worker": {"flush_tokens": 32, "flush_ms": 250},
             },
         )
-        cluster = Cluster(Path(tmp), redis_url=server.url, config=config)
+        cluster = Cluster(Path(tmp), redis_url=server.url, config=config, thread_caches_off=False)
         store = Store.from_url(server.url)
         bench = Bench(args, store, fake)
         try:

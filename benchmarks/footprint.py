@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
             Path(tmp) / "resumeq.toml",
             {"providers": {"fake": profile}, "store": {"events_grace_s": 1}},
         )
-        cluster = Cluster(Path(tmp), redis_url=server.url, config=config)
+        cluster = Cluster(Path(tmp), redis_url=server.url, config=config, thread_caches_off=False)
         store = Store.from_url(server.url)
         try:
             cluster.worker("resumeq")

@@ -117,7 +117,7 @@ def start_workers(
         config = write_config(
             directory / "resumeq.toml", {"providers": {"fake": profile}, "worker": worker}
         )
-        cluster = Cluster(directory, redis_url=redis_url, config=config)
+        cluster = Cluster(directory, redis_url=redis_url, config=config, thread_caches_off=False)
         clusters.append(cluster)
         if flush is None:
             baseline_worker(cluster, "bare")

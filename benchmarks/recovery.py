@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
                 "janitor": {"interval_s": args.janitor_interval},
             },
         )
-        cluster = Cluster(Path(tmp), redis_url=server.url, config=config)
+        cluster = Cluster(Path(tmp), redis_url=server.url, config=config, thread_caches_off=False)
         store = Store.from_url(server.url)
         try:
             workers = [cluster.worker() for _ in range(args.workers)]

@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
             Path(tmp) / "resumeq.toml",
             {"providers": {"fake": profile}, "worker": {"flush_tokens": 32, "flush_ms": 250}},
         )
-        cluster = Cluster(Path(tmp), redis_url=server.url, config=config)
+        cluster = Cluster(Path(tmp), redis_url=server.url, config=config, thread_caches_off=False)
         store = Store.from_url(server.url)
         bench = Bench(args, store)
         rounds: dict[str, list[dict[str, Any]]] = {"resumeq": [], "baseline": []}

@@ -49,6 +49,7 @@ from rq.timeouts import BaseDeathPenalty
 from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
+from resumeq import heap
 from resumeq.context import WorkerContext
 from resumeq.errors import ResumeqError
 
@@ -67,6 +68,23 @@ INTERRUPT_AFTER_S = 0.2
 #: After a handoff began, how long the attempts have to make their text durable and hand
 #: their jobs on before the process exits regardless (a lease left behind expires).
 HANDOFF_WAIT_S = 2.5
+#: Freed heap memory is handed back (:mod:`resumeq.heap`) once attempts have started or
+#: ended and none has started for this long (a burst of starts is over)...
+TRIM_QUIET_S = 1.0
+#: ...or, when attempts keep starting, at most this long after the first of them; never
+#: twice within :data:`TRIM_MIN_GAP_S`. A trim walks every arena: some 10 to 30 ms with
+#: 200 streams, off the GIL.
+TRIM_EVERY_S = 10.0
+TRIM_MIN_GAP_S = 2.0
+
+
+def trim_due(turnover: int, since_trim_s: float, since_start_s: float) -> bool:
+    """Whether to hand freed heap memory back now: attempts started or ended since the last
+    trim (``turnover``), none within :data:`TRIM_MIN_GAP_S`, and either no attempt started
+    for :data:`TRIM_QUIET_S` or :data:`TRIM_EVERY_S` passed."""
+    if not turnover or since_trim_s < TRIM_MIN_GAP_S:
+        return False
+    return since_start_s >= TRIM_QUIET_S or since_trim_s >= TRIM_EVERY_S
 
 
 class NoDeathPenalty(BaseDeathPenalty):
@@ -158,6 +176,9 @@ class ConcurrentWorker(BaseWorker):
         self._last_rq_heartbeat = 0.0
         self._last_load = 0.0
         self._last_suspension_check = 0.0
+        self._turnover = 0  # attempts started or ended since the last trim
+        self._last_start = 0.0
+        self._last_trim = time.monotonic()
 
     # -- what the worker is doing ------------------------------------------------------
 
@@ -216,6 +237,7 @@ class ConcurrentWorker(BaseWorker):
             self.run_maintenance_tasks()
         self._rq_heartbeats()
         self._publish_load()
+        self._trim_memory()
         if self.get_state() == WorkerStatus.BUSY and not self.in_flight():
             self.set_state(WorkerStatus.IDLE)  # ``rq info``: busy exactly while attempts run
         if not self._slots.acquire(timeout=DEQUEUE_WAIT_S):
@@ -269,6 +291,8 @@ class ConcurrentWorker(BaseWorker):
         )
         with self._lock:
             self._running[execution.id] = job
+            self._turnover += 1
+        self._last_start = time.monotonic()
         self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
         thread.start()
 
@@ -282,6 +306,7 @@ class ConcurrentWorker(BaseWorker):
         finally:
             with self._lock:
                 self._running.pop(execution.id, None)
+                self._turnover += 1
                 self._idle.notify_all()
             self._slots.release()
 
@@ -313,6 +338,16 @@ class ConcurrentWorker(BaseWorker):
                 pipe.execute()
         except redis.RedisError as exc:
             self.log.warning("Worker %s: RQ heartbeat failed: %s", self.name, exc)
+
+    def _trim_memory(self) -> None:
+        """Hand freed heap memory back to the system after attempts came and went."""
+        at = time.monotonic()
+        if not trim_due(self._turnover, at - self._last_trim, at - self._last_start):
+            return
+        with self._lock:
+            self._turnover = 0
+        heap.release_free_memory()
+        self._last_trim = time.monotonic()
 
     def _publish_load(self) -> None:
         """Every second, into RQ's hash of this worker (``rq info`` ignores the fields):

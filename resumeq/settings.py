@@ -7,6 +7,7 @@ is a :class:`~resumeq.errors.ConfigError` that names the file and the field.
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -20,7 +21,6 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from resumeq.errors import ConfigError
 from resumeq.spec import Limits
@@ -211,15 +211,6 @@ class ConfigFile(BaseModel):
     limits: Limits = Limits()
 
 
-class EnvSettings(BaseSettings):
-    """What the environment says: where Redis is and which config file to read."""
-
-    model_config = SettingsConfigDict(env_prefix="RESUMEQ_", extra="ignore")
-
-    redis_url: str = DEFAULT_REDIS_URL
-    config: Path | None = None
-
-
 class Settings(BaseModel):
     """Everything resumeq is configured with, resolved once."""
 
@@ -258,11 +249,17 @@ def load_config_file(path: Path) -> ConfigFile:
 
 
 def load_settings(*, redis_url: str | None = None, config_path: Path | None = None) -> Settings:
-    """Resolve settings: explicit arguments, then ``RESUMEQ_*`` variables, then defaults."""
-    try:
-        env = EnvSettings()
-    except ValidationError as exc:
-        raise ConfigError(f"invalid RESUMEQ_* environment variable: {exc}") from None
-    path = config_path or env.config
+    """Resolve settings: explicit arguments, then ``RESUMEQ_*`` variables, then defaults.
+
+    The two variables are read from the environment directly (a variable set to the empty
+    string counts as unset): a settings library for two strings would cost every worker
+    process some 5 MB of memory."""
+    path = config_path or _env_path("RESUMEQ_CONFIG")
     file = load_config_file(path) if path is not None else ConfigFile()
-    return Settings(redis_url=redis_url or env.redis_url, config_path=path, file=file)
+    url = redis_url or os.environ.get("RESUMEQ_REDIS_URL") or DEFAULT_REDIS_URL
+    return Settings(redis_url=url, config_path=path, file=file)
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name, "")
+    return Path(value) if value else None

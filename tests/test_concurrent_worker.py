@@ -17,7 +17,7 @@ import pytest
 from e2e_support import TERMINAL, World, make_world
 from rq.registry import StartedJobRegistry
 
-from resumeq import keys
+from resumeq import heap, keys
 from resumeq.fake import FakeProvider
 from resumeq.queueing import attempt_rq_id, rq_queue
 from resumeq.store import Store
@@ -248,3 +248,30 @@ def test_concurrency_must_be_positive(world: World) -> None:
         assert out.returncode != 0
         lines = out.stderr.strip().splitlines()
         assert lines == [f"resumeq: --concurrency must be at least 1, not {bad}"], out.stderr
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "confstr") or os.confstr("CS_GNU_LIBC_VERSION") is None,
+    reason="glibc's allocator only",
+)
+def test_a_worker_started_as_a_user_starts_it_runs_without_thread_caches(
+    world: World, tmp_path: Path
+) -> None:
+    """The console script starts itself again with glibc's thread caches off (resumeq.heap),
+    under the PID its supervisor knows: the job runs there and a SIGTERM to that PID stops
+    it cleanly."""
+    env = {k: v for k, v in world.cluster.env.items() if k not in ("GLIBC_TUNABLES", heap._MARK)}
+    proc = Proc(
+        [sys.executable, "-m", "resumeq", "worker", "--concurrency", "4"],
+        env=env,
+        log=tmp_path / "user-worker.log",
+    )
+    world.cluster.procs.append(proc)  # stopped with the cluster if the test fails
+    prompt = "Started as a user starts it: a short answer."
+    job_id = world.enqueue(prompt)
+    assert world.wait_state(job_id, TERMINAL, timeout_s=30).state.value == "done"
+    assert world.store.text(job_id) == world.canonical(prompt)
+    environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+    assert f"GLIBC_TUNABLES={heap.TCACHE_OFF}".encode() in environ, environ
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0, proc.output()[-3000:]

@@ -123,3 +123,18 @@ def test_every_problem_in_a_config_file_is_reported(tmp_path: Path) -> None:
     for line, where in zip(lines, wheres, strict=True):
         assert line.startswith(f"config file {path}: {where}: "), line
     assert "more" not in str(info.value)
+
+
+def test_empty_variables_count_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RESUMEQ_CONFIG", "")
+    monkeypatch.setenv("RESUMEQ_REDIS_URL", "")
+    s = load_settings()
+    assert s.config_path is None and s.redis_url == "redis://localhost:6379/0"
+
+
+def test_a_config_variable_naming_no_file_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RESUMEQ_CONFIG", str(tmp_path / "missing.toml"))
+    with pytest.raises(ConfigError, match=r"cannot read config file .*missing\.toml"):
+        load_settings()

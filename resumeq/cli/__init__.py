@@ -12,6 +12,7 @@ import sys
 
 import click
 
+from resumeq import heap
 from resumeq.cli import jobs, spill, tools, workers
 from resumeq.cli._base import cli
 
@@ -20,6 +21,7 @@ __all__ = ["cli", "jobs", "main", "spill", "tools", "workers"]
 
 def main() -> None:
     """The console script: a usage error is one line too, with click's exit code (2)."""
+    heap.mark_entry_point()  # ``resumeq worker`` may start itself again (resumeq.heap)
     try:
         code = cli.main(prog_name="resumeq", standalone_mode=False)
     except click.ClickException as exc:

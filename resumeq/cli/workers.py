@@ -9,6 +9,7 @@ import threading
 
 import click
 
+from resumeq import heap
 from resumeq.cli._base import Context, _emit, cli, reports_errors
 from resumeq.context import build_context
 from resumeq.errors import ConfigError
@@ -37,6 +38,7 @@ def worker(obj: Context, queues: tuple[str, ...], burst: bool, concurrency: int 
     to start: this worker may serve only some profiles."""
     if concurrency is not None and concurrency < 1:
         raise ConfigError(f"--concurrency must be at least 1, not {concurrency}")
+    heap.reexec_without_thread_caches()  # before a warning is printed or a thread starts
     for profile, variable in missing_api_keys(obj.settings):
         click.echo(
             f"resumeq: warning: profile {profile!r} reads its API key from {variable}, "

@@ -162,11 +162,14 @@ def worker_name() -> str:
 
 
 def redis_pool_size(concurrency: int) -> int:
-    """Connections for ``concurrency`` attempts at once: a checkpoint holds one for a round
-    trip only, so a few dozen serve hundreds of streams (a thread holding one may wait for
-    the interpreter lock meanwhile: there are more at more streams); a worker's own
-    bookkeeping needs a few more. The lease keeper has a connection of its own."""
-    return min(concurrency, 64) + 8
+    """Connections for ``concurrency`` attempts at once: one per attempt, up to 512, and
+    8 for the worker's own bookkeeping (the lease keeper has a connection of its own).
+    A checkpoint holds its connection for one round trip, but under a saturated interpreter
+    lock a thread that sent its command holds the connection until it gets the lock back
+    to read the reply: at 500 streams a pool of 72 ran dry (1,868 waits past the pool's
+    timeout in 10 s, each a failed flush, and late lease renewals behind them;
+    BENCHMARKS.md §7). Connections open on demand, so a quiet worker holds few."""
+    return min(concurrency, 512) + 8
 
 
 def redis_client(

@@ -5,7 +5,8 @@ between a commit and what must follow it, the provider injects random faults and
 appendfsync always) restarts; then the checks.
 
     python benchmarks/chaos.py [--duration S] [--jobs N] [--workers N] [--fault-probability P]
-                               [--failpoint-probability P] [--handoff-every S] [--keep DIR]
+                               [--failpoint-probability P] [--handoff-every S]
+                               [--read-pause-ms MS] [--keep DIR]
 
 Prints one JSON object: jobs, terminal, canonical, lost, duplicated_text, gap,
 inconsistent_events, over_billed, hook_runs, hook_reruns, hooks_missing, hooks_rerun_differed,
@@ -41,6 +42,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--handoff-every", type=float, default=6.0, help="seconds between SIGTERMs (deploys)"
     )
+    parser.add_argument(
+        "--read-pause-ms", type=int, default=0, help="the workers' paced reads (0: off)"
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
         "--keep", type=Path, default=None, help="run in DIR and keep its logs and Redis data"
@@ -50,6 +54,8 @@ def main(argv: list[str]) -> int:
         parser.error("--duration > 0, --jobs >= 1 and --workers >= 2 are needed")
     if not 0 <= args.failpoint_probability < 1:
         parser.error("--failpoint-probability must be in [0, 1)")
+    if not 0 <= args.read_pause_ms <= 1000:
+        parser.error("--read-pause-ms must be in [0, 1000]")
     result = run_soak(
         SoakConfig(
             jobs=args.jobs,
@@ -59,6 +65,7 @@ def main(argv: list[str]) -> int:
             failpoint_probability=args.failpoint_probability,
             kill_every_s=args.kill_every,
             handoff_every_s=args.handoff_every,
+            read_pause_ms=args.read_pause_ms,
             seed=args.seed,
         ),
         keep=args.keep,

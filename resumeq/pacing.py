@@ -102,10 +102,13 @@ class PacedStream(httpcore.NetworkStream):
         """The pause now: ``pause_s`` scaled by the streams being read."""
         return self._pause_s * min(1.0, self._readers.now / self._full_at)
 
-    def drain(self) -> None:
+    def drain(self) -> int:
+        """From now on read only the bytes that have arrived (the first call counts them);
+        answers how many of them are still to read. Safe from another thread."""
         if not self.draining:
-            self.draining = True
             self._drain_left = self._arrived()
+            self.draining = True
+        return self._drain_left
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         if self.draining:

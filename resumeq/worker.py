@@ -340,7 +340,7 @@ class AttemptRunner:
 
         def on_handoff() -> None:
             for stream in opened:
-                stream.interrupt()
+                stream.interrupt_for_handoff()
 
         heartbeat = self.ctx.leases.hold(
             ckpt.lease, on_lost=on_lost, confirmed=lambda: ckpt.lease_confirmed

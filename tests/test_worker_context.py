@@ -4,6 +4,7 @@ bounded, and the handoff every attempt watches (SPEC §16)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import pytest
@@ -80,14 +81,19 @@ def test_the_redis_pool_is_bounded_whatever_the_concurrency() -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("read_pause_ms", [0, 300])
+@pytest.mark.parametrize(
+    "pacing",
+    [(0, False), (300, False), (1000, True)],
+    ids=["unpaced", "paced", "paced-interrupted"],
+)
 def test_a_handoff_keeps_every_token_received_and_hands_the_job_on_at_once(
     redis_server: RedisServer,
     real_store: Store,
     fake: FakeProvider,
-    read_pause_ms: int,
+    pacing: tuple[int, bool],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    read_pause_ms, interrupt = pacing
     # 50 ms a token, a checkpoint only every 32: at the handoff up to 31 tokens were
     # received and not yet durable. Each is kept; what the provider sent and nobody kept
     # is at most the token it wrote as the connection closed. Paced by 300 ms (whole from
@@ -110,6 +116,11 @@ def test_a_handoff_keeps_every_token_received_and_hands_the_job_on_at_once(
             what="45 tokens sent",
         )
         runner.ctx.handoff.begin()
+        if interrupt:
+            # The worker's deadline for quiet streams (INTERRUPT_AFTER_S), come while this
+            # one sleeps in its pause with tokens waiting on its socket: they were paid
+            # for, so they are read, not thrown away with the connection.
+            runner.ctx.handoff.interrupt()
         attempt.join(timeout=10)
         assert not attempt.is_alive()
     record = real_store.get(job_id)
@@ -126,3 +137,41 @@ def test_a_handoff_keeps_every_token_received_and_hands_the_job_on_at_once(
     assert kept >= 45
     assert sent["tokens_emitted"] - kept <= 1, (sent["tokens_emitted"], kept)
     assert record.spent_output_tokens >= kept
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("read_pause_ms", [0, 300])
+def test_a_handoff_interrupt_wakes_a_stream_whose_provider_sends_nothing(
+    redis_server: RedisServer,
+    real_store: Store,
+    fake: FakeProvider,
+    read_pause_ms: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing waits on its socket, so the handoff's deadline closes the connection: the
+    reader, blocked on a provider that went quiet for 30 s, is woken at once."""
+    monkeypatch.setattr("resumeq.context.FULL_AT", 1)
+    prompt = "A provider that goes quiet."
+    fake.add_faults([{"kind": "stall", "after_tokens": 10, "seconds": 30, "match": prompt}])
+    spec = {"prompt": prompt, "provider": "fake", "model": "m", "budget_tokens": 1000}
+    job_id = enqueue_job(real_store, real_store.redis, spec, queue="resumeq").id
+    providers = {"fake": {"kind": "openai", "base_url": fake.openai_base_url}}
+    worker = {"flush_tokens": 4, "flush_ms": 60_000, "read_pause_ms": read_pause_ms}
+    with attempt_runner(redis_server.url, providers, **worker) as runner:
+        attempt = threading.Thread(target=runner.run, args=(job_id,))
+        attempt.start()
+        wait_for(
+            lambda: fake.journal() and fake.journal()[-1]["tokens_emitted"] >= 10,
+            timeout_s=20,
+            what="10 tokens sent",
+        )
+        time.sleep(0.5)  # the provider is quiet now; the reader waits on it
+        runner.ctx.handoff.begin()
+        began = time.monotonic()
+        runner.ctx.handoff.interrupt()
+        attempt.join(timeout=10)
+        assert not attempt.is_alive()
+        assert time.monotonic() - began < 2.0  # not the 30 s stall
+    (entry,) = real_store.ledger(job_id)
+    assert (entry["outcome"], entry["cut"]) == ("handoff", "handoff")
+    assert count_tokens(real_store.text(job_id)) == 10  # every token that came, kept

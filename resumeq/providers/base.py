@@ -289,6 +289,17 @@ class ProviderStream(ABC):
         stream.drain()
         return True
 
+    def interrupt_for_handoff(self) -> None:
+        """A handoff's deadline for quiet streams: close this one from another thread —
+        unless bytes that reached this machine wait to be read. Those were paid for, and
+        their reader is not blocked on the socket (a read with bytes waiting returns at
+        once; a paced reader may be in its pause): it reads them and the drain ends the
+        stream at the last of them. Shutting the socket would throw them away."""
+        stream = self._response.extensions.get("network_stream")
+        if isinstance(stream, PacedStream) and stream.drain() > 0:
+            return
+        self.interrupt()
+
     def interrupt(self) -> None:
         """Close the connection from another thread: the thread reading it is woken at once,
         even from a provider that sends nothing for a while (closing a socket alone does not

@@ -75,6 +75,8 @@ class SoakConfig:
     token_delay_ms: float = 2.0
     flush_tokens: int = 16
     lease_ttl_ms: int = 2000
+    #: The workers' ``[worker] read_pause_ms`` (0: reads unpaced, the default).
+    read_pause_ms: int = 0
     #: Per hit, for the one failpoint each worker process arms (0: none armed).
     failpoint_probability: float = 0.05
     seed: int = 7
@@ -169,6 +171,7 @@ class Soak:
                     "flush_tokens": c.flush_tokens,
                     "flush_ms": 250,
                     "lease_ttl_ms": c.lease_ttl_ms,
+                    "read_pause_ms": c.read_pause_ms,
                     "hook_modules": ["resumeq.testing.soak_hooks"],
                 },
                 "janitor": {"interval_s": 0.5},

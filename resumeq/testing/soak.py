@@ -175,6 +175,11 @@ class Soak:
                     "hook_modules": ["resumeq.testing.soak_hooks"],
                 },
                 "janitor": {"interval_s": 0.5},
+                # The checks read every job's events stream, which the janitor removes a
+                # grace after the job ends (60 s by default): a run longer than that lost
+                # the early jobs' streams and counted each as inconsistent. Kept past the
+                # whole run and its settling.
+                "store": {"events_grace_s": c.duration_s + c.settle_timeout_s + 600},
             },
         )
 
@@ -274,9 +279,26 @@ class Soak:
         self.chaos.events.append(f"SIGTERM to worker {victim.pid}, holding {held[victim.pid]}")
         return True
 
+    def _unclean_handoff_events(self) -> list[str]:
+        """What the soak did to each worker whose handoff was unclean (its SIGTERM, a
+        freeze, how it ended), to tell the worker's fault from the soak's."""
+        unclean = {
+            pid
+            for pid in self.handed_off
+            for e in self.chaos.events
+            if e.startswith(f"worker {pid} ") and ("still running" in e or "ended its" in e)
+        }
+        return [e for e in self.chaos.events if any(f"worker {pid}" in e for pid in unclean)]
+
     def _freeze_one(self) -> None:
+        # Not a worker handing off: frozen for longer than the handoff's grace, it could not
+        # exit in time, and the check of handoffs would count the freeze against it.
         candidates = [
-            w for w in self.workers if w.alive() and all(w is not f for f, _ in self.frozen)
+            w
+            for w in self.workers
+            if w.alive()
+            and all(w is not f for f, _ in self.frozen)
+            and w.pid not in self.handed_off
         ]
         if len(candidates) < 2:
             return
@@ -318,9 +340,16 @@ class Soak:
             if not proc.alive():
                 # A worker signalled while it was still starting, before it ran anything, ends
                 # as SIGTERM's default: nothing to hand on. One that hit its failpoint while
-                # handing on (a handoff's release is a commit too) exits 137: that is chaos.
-                if grace is not None and proc.popen.returncode not in (0, -signal.SIGTERM, 137):
+                # handing on (a handoff's release is a commit too) exits 137, and one the soak
+                # killed meanwhile (a deploy escalating to SIGKILL) ends -9: that is chaos.
+                ended = proc.popen.returncode
+                if (
+                    grace is not None
+                    and ended not in (0, -signal.SIGTERM, 137)
+                    and proc.pid not in self.killed
+                ):
                     self.chaos.handoffs_unclean += 1
+                    self.chaos.events.append(f"worker {proc.pid} ended its handoff with {ended}")
                 if proc.pid not in self.killed and grace is None:
                     self.chaos.worker_exits += 1
                     self.chaos.events.append(
@@ -402,6 +431,7 @@ class Soak:
             "worker_freezes": self.chaos.worker_freezes,
             "worker_handoffs": self.chaos.worker_handoffs,
             "handoffs_unclean": self.chaos.handoffs_unclean,
+            "unclean_handoff_events": self._unclean_handoff_events(),
             "handed_off_attempts": sum(
                 1 for j in ids for a in store.ledger(j) if a.get("outcome") == "handoff"
             ),

@@ -44,7 +44,7 @@ typecheck: $(STAMP)
 pytest: $(STAMP) redis-server
 	$(BIN)/pytest -n 2
 
-# Reduced sizes (under 5 minutes in all); BENCHMARKS.md has the full-size commands.
+# Reduced sizes (about 7 minutes in all); BENCHMARKS.md has the full-size commands.
 bench: $(STAMP) redis-server
 	$(BIN)/python benchmarks/flush.py
 	$(BIN)/python benchmarks/recovery.py --kills 5

@@ -72,8 +72,8 @@ HANDOFF_WAIT_S = 2.5
 #: ended and none has started for this long (a burst of starts is over)...
 TRIM_QUIET_S = 1.0
 #: ...or, when attempts keep starting, at most this long after the first of them; never
-#: twice within :data:`TRIM_MIN_GAP_S`. A trim walks every arena: some 10 to 30 ms with
-#: 200 streams, off the GIL.
+#: twice within :data:`TRIM_MIN_GAP_S`. A trim walks every arena: 10 to 250 ms measured
+#: with 200 streams, off the GIL.
 TRIM_EVERY_S = 10.0
 TRIM_MIN_GAP_S = 2.0
 

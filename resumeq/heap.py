@@ -9,8 +9,8 @@ two things per thread that a process with hundreds of threads pays for many time
   malloc, so every attempt thread kept some 56 KB of freed chunks: 11 MB at 200 streams.
   It can only be turned off before the process starts (``GLIBC_TUNABLES``), so the worker
   command starts itself again with ``glibc.malloc.tcache_count=0``
-  (:func:`reexec_without_thread_caches`). Its CPU cost is a lock per such allocation that
-  the GIL leaves uncontended.
+  (:func:`reexec_without_thread_caches`). Its CPU cost did not show in the benchmarks
+  (CPU per token, the checkpoint overhead: BENCHMARKS.md §4).
 - **Free pages inside the arenas**: glibc returns memory only from the top of a heap, so
   what an attempt frees (a response's buffers, a job's decoded payload, the validation of
   its spec) stays mapped. :func:`release_free_memory` (``malloc_trim(0)``) walks every arena
@@ -26,7 +26,7 @@ import ctypes.util
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 #: The tunable the worker starts itself with (a user's own setting of it is kept).
 TCACHE_OFF = "glibc.malloc.tcache_count=0"
@@ -80,7 +80,7 @@ def mark_entry_point() -> None:
     _entry_point.set()
 
 
-def thread_caches_off(environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+def thread_caches_off(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether an environment starts a process with glibc's thread caches as resumeq's
     worker wants them (or as the user set them)."""
     return _TCACHE_KEY in environ.get("GLIBC_TUNABLES", "") or bool(environ.get(_MARK))

@@ -168,8 +168,7 @@ class WorkerSettings(BaseModel):
     #: A provider connection with nothing to read waits at most once per this long
     #: (:mod:`resumeq.pacing`): a slow stream's tokens are read a few per wake-up, which
     #: is most of a busy worker's CPU. Bytes already waiting are read at once. 0 (the
-    #: default, until the short soak's one unexplained over-billing with it is understood):
-    #: off; 100 for a worker of hundreds of streams.
+    #: default): off; 100 for a worker of hundreds of streams.
     read_pause_ms: int = Field(default=0, ge=0, le=1_000)
     queues: tuple[str, ...] = ("resumeq",)
     #: Modules the workers import so that their hooks are registered.
@@ -252,8 +251,8 @@ def load_settings(*, redis_url: str | None = None, config_path: Path | None = No
     """Resolve settings: explicit arguments, then ``RESUMEQ_*`` variables, then defaults.
 
     The two variables are read from the environment directly (a variable set to the empty
-    string counts as unset): a settings library for two strings would cost every worker
-    process some 5 MB of memory."""
+    string counts as unset): a settings library for two strings cost every worker process
+    some 2 MB of memory (BENCHMARKS.md §4)."""
     path = config_path or _env_path("RESUMEQ_CONFIG")
     file = load_config_file(path) if path is not None else ConfigFile()
     url = redis_url or os.environ.get("RESUMEQ_REDIS_URL") or DEFAULT_REDIS_URL

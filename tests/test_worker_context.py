@@ -3,8 +3,11 @@ bounded, and the handoff every attempt watches (SPEC §16)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -17,6 +20,7 @@ from resumeq.settings import ProviderProfile
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import wait_for
+from resumeq.worker import AttemptRunner
 
 
 def profile(**over: object) -> ProviderProfile:
@@ -80,6 +84,26 @@ def test_the_redis_pool_is_bounded_whatever_the_concurrency() -> None:
     assert redis_pool_size(1000) == redis_pool_size(512) == 520
 
 
+@contextlib.contextmanager
+def streaming_attempt(
+    redis_url: str, store: Store, fake: FakeProvider, prompt: str, sent: int, **worker: Any
+) -> Iterator[tuple[AttemptRunner, threading.Thread, str]]:
+    """A job's attempt running on a thread of its own, once the fake has sent ``sent``
+    tokens of its answer; the runner is closed afterwards."""
+    spec = {"prompt": prompt, "provider": "fake", "model": "m", "budget_tokens": 1000}
+    job_id = enqueue_job(store, store.redis, spec, queue="resumeq").id
+    providers = {"fake": {"kind": "openai", "base_url": fake.openai_base_url}}
+    with attempt_runner(redis_url, providers, **worker) as runner:
+        attempt = threading.Thread(target=runner.run, args=(job_id,))
+        attempt.start()
+        wait_for(
+            lambda: fake.journal() and fake.journal()[-1]["tokens_emitted"] >= sent,
+            timeout_s=20,
+            what=f"{sent} tokens sent",
+        )
+        yield runner, attempt, job_id
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "pacing",
@@ -103,18 +127,12 @@ def test_a_handoff_keeps_every_token_received_and_hands_the_job_on_at_once(
     fake.completion_tokens = 400
     fake.token_delay_ms = 50
     prompt = "A long answer handed off mid-stream."
-    spec = {"prompt": prompt, "provider": "fake", "model": "m", "budget_tokens": 1000}
-    job_id = enqueue_job(real_store, real_store.redis, spec, queue="resumeq").id
-    providers = {"fake": {"kind": "openai", "base_url": fake.openai_base_url}}
     worker = {"flush_tokens": 32, "flush_ms": 60_000, "read_pause_ms": read_pause_ms}
-    with attempt_runner(redis_server.url, providers, **worker) as runner:
-        attempt = threading.Thread(target=runner.run, args=(job_id,))
-        attempt.start()
-        wait_for(
-            lambda: fake.journal() and fake.journal()[-1]["tokens_emitted"] >= 45,
-            timeout_s=20,
-            what="45 tokens sent",
-        )
+    with streaming_attempt(redis_server.url, real_store, fake, prompt, 45, **worker) as (
+        runner,
+        attempt,
+        job_id,
+    ):
         runner.ctx.handoff.begin()
         if interrupt:
             # The worker's deadline for quiet streams (INTERRUPT_AFTER_S), come while this
@@ -153,18 +171,12 @@ def test_a_handoff_interrupt_wakes_a_stream_whose_provider_sends_nothing(
     monkeypatch.setattr("resumeq.context.FULL_AT", 1)
     prompt = "A provider that goes quiet."
     fake.add_faults([{"kind": "stall", "after_tokens": 10, "seconds": 30, "match": prompt}])
-    spec = {"prompt": prompt, "provider": "fake", "model": "m", "budget_tokens": 1000}
-    job_id = enqueue_job(real_store, real_store.redis, spec, queue="resumeq").id
-    providers = {"fake": {"kind": "openai", "base_url": fake.openai_base_url}}
     worker = {"flush_tokens": 4, "flush_ms": 60_000, "read_pause_ms": read_pause_ms}
-    with attempt_runner(redis_server.url, providers, **worker) as runner:
-        attempt = threading.Thread(target=runner.run, args=(job_id,))
-        attempt.start()
-        wait_for(
-            lambda: fake.journal() and fake.journal()[-1]["tokens_emitted"] >= 10,
-            timeout_s=20,
-            what="10 tokens sent",
-        )
+    with streaming_attempt(redis_server.url, real_store, fake, prompt, 10, **worker) as (
+        runner,
+        attempt,
+        job_id,
+    ):
         time.sleep(0.5)  # the provider is quiet now; the reader waits on it
         runner.ctx.handoff.begin()
         began = time.monotonic()

@@ -279,12 +279,18 @@ class ProviderStream(ABC):
         self.closed = True
         self._response.close()
 
+    def _paced(self) -> PacedStream | None:
+        """The connection, when it is one a worker's clients make (an injected client's
+        need not be)."""
+        stream = self._response.extensions.get("network_stream")
+        return stream if isinstance(stream, PacedStream) else None
+
     def drain(self) -> bool:
         """Read on only the bytes that have already reached this machine, then end (a
         cut). Answers False when the connection cannot be drained (not a paced one: an
         injected client), so the caller stops."""
-        stream = self._response.extensions.get("network_stream")
-        if not isinstance(stream, PacedStream):
+        stream = self._paced()
+        if stream is None:
             return False
         stream.drain()
         return True
@@ -295,8 +301,8 @@ class ProviderStream(ABC):
         their reader is not blocked on the socket (a read with bytes waiting returns at
         once; a paced reader may be in its pause): it reads them and the drain ends the
         stream at the last of them. Shutting the socket would throw them away."""
-        stream = self._response.extensions.get("network_stream")
-        if isinstance(stream, PacedStream) and stream.drain() > 0:
+        stream = self._paced()
+        if stream is not None and stream.drain() > 0:
             return
         self.interrupt()
 

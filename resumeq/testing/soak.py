@@ -92,6 +92,8 @@ class Chaos:
     worker_handoffs: int = 0
     #: Handed-off workers that did not exit 0 within the grace period (and were killed).
     handoffs_unclean: int = 0
+    #: Their PIDs.
+    unclean_pids: set[int] = field(default_factory=set)
     #: Worker processes that ended without being killed by the soak.
     worker_exits: int = 0
     redis_restarts: int = 0
@@ -282,13 +284,8 @@ class Soak:
     def _unclean_handoff_events(self) -> list[str]:
         """What the soak did to each worker whose handoff was unclean (its SIGTERM, a
         freeze, how it ended), to tell the worker's fault from the soak's."""
-        unclean = {
-            pid
-            for pid in self.handed_off
-            for e in self.chaos.events
-            if e.startswith(f"worker {pid} ") and ("still running" in e or "ended its" in e)
-        }
-        return [e for e in self.chaos.events if any(f"worker {pid}" in e for pid in unclean)]
+        names = re.compile(rf"\bworker ({'|'.join(map(str, self.chaos.unclean_pids))})\b")
+        return [e for e in self.chaos.events if self.chaos.unclean_pids and names.search(e)]
 
     def _freeze_one(self) -> None:
         # Not a worker handing off: frozen for longer than the handoff's grace, it could not
@@ -334,6 +331,7 @@ class Soak:
             grace = self.handed_off.get(proc.pid)
             if grace is not None and proc.alive() and time.monotonic() > grace:
                 self.chaos.handoffs_unclean += 1
+                self.chaos.unclean_pids.add(proc.pid)
                 self.chaos.events.append(f"worker {proc.pid} still running after its SIGTERM")
                 proc.kill()
                 self.killed.add(proc.pid)
@@ -349,6 +347,7 @@ class Soak:
                     and proc.pid not in self.killed
                 ):
                     self.chaos.handoffs_unclean += 1
+                    self.chaos.unclean_pids.add(proc.pid)
                     self.chaos.events.append(f"worker {proc.pid} ended its handoff with {ended}")
                 if proc.pid not in self.killed and grace is None:
                     self.chaos.worker_exits += 1

@@ -18,7 +18,9 @@ heartbeat), finished through ``handle_job_success`` / ``handle_job_failure`` lik
   pipeline; resumeq's leases from one keeper thread (:mod:`resumeq.heartbeat`).
 - **No job timeout**: RQ's SIGALRM timeout works only on the main thread; the lease and the
   provider's read timeout are the deadlines.
-- **Scheduler**: RQ's, in a thread of this process — it cannot outlive its worker.
+- **Schedulers**: resumeq's (:class:`~resumeq.due.DueScheduler`: delayed attempts onto
+  their queues to the millisecond) and RQ's (users' own scheduled jobs), each in a thread
+  of this process — neither can outlive its worker.
 - **Stop**: the first SIGTERM or SIGINT is a *handoff*: no more dequeues, every stream in
   flight is closed, made durable and its job handed back to its queue at once (ledger
   outcome ``handoff``), then the process exits. A second signal is a cold stop: the
@@ -49,9 +51,11 @@ from rq.timeouts import BaseDeathPenalty
 from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
-from resumeq import heap
+from resumeq import due, heap
 from resumeq.context import WorkerContext
+from resumeq.due import DueScheduler
 from resumeq.errors import ResumeqError
+from resumeq.gate import BACKOFF_CAP_S
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,9 @@ TRIM_QUIET_S = 1.0
 #: with 200 streams, off the GIL.
 TRIM_EVERY_S = 10.0
 TRIM_MIN_GAP_S = 2.0
+#: A burst worker stays for the delayed attempts bound for its queues that fall due this
+#: soon (the longest backoff resumeq chooses); later ones it leaves, and says so.
+BURST_DUE_S = BACKOFF_CAP_S
 
 
 def trim_due(turnover: int, since_trim_s: float, since_start_s: float) -> bool:
@@ -179,6 +186,8 @@ class ConcurrentWorker(BaseWorker):
         self._turnover = 0  # attempts started or ended since the last trim
         self._last_start = 0.0
         self._last_trim = time.monotonic()
+        self._due: DueScheduler | None = None
+        self._burst_waits_for: set[str] = set()
 
     # -- what the worker is doing ------------------------------------------------------
 
@@ -207,6 +216,7 @@ class ConcurrentWorker(BaseWorker):
         self.log.info("Worker %s: up to %d attempts at once", self.name, self.concurrency)
         if with_scheduler:
             self._start_scheduler(burst, logging_level)
+        self._due = DueScheduler(self.connection, name=f"resumeq-due:{self.name}").start()
         self._install_signal_handlers()
         ran = 0
         try:
@@ -247,7 +257,7 @@ class ConcurrentWorker(BaseWorker):
             self._start(*taken)
             return 1
         self._slots.release()
-        if burst and not self.in_flight():
+        if burst and not self.in_flight() and not self._due_soon():
             self.log.info("Worker %s: done, quitting", self.name)
             return None
         if burst:  # what runs may queue a continuation: look again when it ends
@@ -309,6 +319,25 @@ class ConcurrentWorker(BaseWorker):
                 self._turnover += 1
                 self._idle.notify_all()
             self._slots.release()
+
+    def _due_soon(self) -> bool:
+        """Whether delayed attempts bound for this worker's queues fall due within
+        ``BURST_DUE_S``: a burst waits for them (its scheduler moves them)."""
+        names = [queue.name for queue in self.queues]
+        now_ms = time.time() * 1000
+        soon = [
+            (at, rq_id)
+            for _, rq_id, at in due.waiting_on(self.connection, names)
+            if at <= now_ms + BURST_DUE_S * 1000
+        ]
+        if soon and self._burst_waits_for != {rq_id for _, rq_id in soon}:
+            self._burst_waits_for = {rq_id for _, rq_id in soon}
+            self.log.info(
+                "burst: waiting %.1f s for %d delayed attempt(s)",
+                max(0.0, (min(soon)[0] - now_ms) / 1000),
+                len(soon),
+            )
+        return bool(soon)
 
     def _wait_for_a_change(self, timeout_s: float) -> None:
         with self._idle:
@@ -434,6 +463,8 @@ class ConcurrentWorker(BaseWorker):
             self.ctx.leases.worst_lag_s * 1000,
         )
         try:
+            if self._due is not None:
+                self._due.stop()
             if self.scheduler:
                 self.stop_scheduler()
             self.register_death()

@@ -23,7 +23,9 @@ starts at once, however many cuts came before. Only attempts that delivered noth
 off (exponential and capped, with "equal" jitter: between half and all of the ceiling; a
 provider's Retry-After is honoured), and such a run of failures ends the job's chances by
 *time*: once it has lasted ``retry_window_s``, the job's exit applies. ``max_attempts``
-caps the attempts that made progress.
+caps the attempts that made progress. However fast attempts end, two attempts of one job
+start at least ``MIN_ATTEMPT_GAP_S`` apart: a provider that cuts every stream after its
+first token is not hammered while ``max_attempts`` and the budget run out.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 60.0
 #: A provider's Retry-After is honoured up to this long.
 RETRY_AFTER_CAP_S = 600.0
+#: Two attempts of one job start at least this far apart (seconds).
+MIN_ATTEMPT_GAP_S = 0.05
 
 
 class JobView(BaseModel):
@@ -78,6 +82,8 @@ class JobView(BaseModel):
     failures: int = Field(default=0, ge=0)
     failing_for_s: float = Field(default=0.0, ge=0)
     retry_window_s: float = Field(default=300.0, gt=0)
+    #: How long the attempt that ended ran, in seconds (None: not known).
+    attempt_s: float | None = Field(default=None, ge=0)
 
 
 class Cut(BaseModel):
@@ -117,10 +123,14 @@ def backoff_s(attempt: int, jitter: float) -> float:
 
 def _delay(job: JobView, cut: Cut, jitter: float) -> float:
     if cut.retry_after_s is not None:
-        return min(cut.retry_after_s, RETRY_AFTER_CAP_S)
-    if cut.kind in ("worker_died", "handoff") or job.progressed:
-        return 0.0  # the provider was working (or the worker went away): continue at once
-    return backoff_s(job.failures + 1, jitter)
+        delay = min(cut.retry_after_s, RETRY_AFTER_CAP_S)
+    elif cut.kind in ("worker_died", "handoff") or job.progressed:
+        delay = 0.0  # the provider was working (or the worker went away): continue at once
+    else:
+        delay = backoff_s(job.failures + 1, jitter)
+    if job.attempt_s is not None:  # never a hot loop, however fast attempts are cut
+        delay = max(delay, MIN_ATTEMPT_GAP_S - job.attempt_s)
+    return delay
 
 
 def _out_of_time(job: JobView) -> str | None:

@@ -39,7 +39,7 @@ from typing import Any, Literal, TypeVar, TypeVarTuple
 
 from rq.registry import clean_registries
 
-from resumeq import failpoints, outbox
+from resumeq import due, failpoints, outbox
 from resumeq.context import WorkerContext
 from resumeq.counting import estimate
 from resumeq.errors import (
@@ -342,11 +342,14 @@ class Janitor:
             attempt=record.attempt,
             kind=record.attempt_kind,
             worker=lease_holder(record.stalled_owner) or "unknown",
+            due_ms=record.due_ms,
             started_ms=record.attempt_started_ms,
             ended_ms=record.updated_ms,
             outcome=decision.action,
             cut="worker_died",
             detail="lease expired; reaped by " + self.name,
+            reason=decision.reason[:500],
+            delay_ms=math.ceil(decision.delay_s * 1000),
             provider=record.spec.provider,
             prefix_tokens=record.attempt_spent_base,
             output_tokens_persisted=d.tokens,
@@ -438,9 +441,15 @@ class Janitor:
             clean_registries(rq_queue(name, self.ctx.redis))
 
     def _enqueue_late_scheduled(self) -> None:
-        """Delayed attempts overdue by ``SCHEDULE_GRACE_S``: RQ's scheduler lives in one
-        worker and, if that worker died, nobody takes its lock over for a minute or two.
-        A doubled enqueue is harmless: only one run can take the job's lease."""
+        """Delayed attempts that are due, from resumeq's due-time index (the workers' own
+        schedulers move them to the millisecond; this sweep is for when none runs); and
+        those overdue by ``SCHEDULE_GRACE_S`` in RQ's scheduled registry (earlier versions
+        put them there): RQ's scheduler lives in one worker and, if that worker died, nobody
+        takes its lock over for a minute or two. A doubled enqueue is harmless: only one run
+        can take the job's lease."""
+        moved = due.promote_all(self.ctx.redis)
+        if moved:
+            log.info("moved %d due attempt(s) onto their queues", moved)
         cutoff = int(time.time() - SCHEDULE_GRACE_S)
         for name in self._queues():
             for rq_id in enqueue_overdue(rq_queue(name, self.ctx.redis), cutoff):

@@ -36,6 +36,15 @@ ENDED = f"{PREFIX}:ended"
 #: Running totals over every ledger record written (tokens, attempts, cuts) and jobs ended
 #: by state: what ``stats`` and the metrics read, in O(1).
 TOTALS = f"{PREFIX}:totals"
+#: RQ job id of a delayed attempt → the time it falls due (ms, Redis server time): the
+#: due-time index (:mod:`resumeq.due`); and the list that wakes a scheduler to look again.
+DUE = f"{PREFIX}:due"
+DUE_WAKE = f"{PREFIX}:due:wake"
+
+
+def due_stop(token: str) -> str:
+    """The list one scheduler also waits on, so that stopping it wakes exactly it."""
+    return f"{DUE}:stop:{token}"
 
 
 def check_job_id(job_id: str) -> str:

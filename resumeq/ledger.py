@@ -25,13 +25,22 @@ class AttemptRecord(BaseModel):
     attempt: int
     kind: Literal["fresh", "retry", "resume"]
     worker: str
+    #: When the attempt fell due (enqueued, or its delay over), a worker took its RQ job,
+    #: it started (its lease taken), the provider's first byte came, and it ended (ms):
+    #: where a job's time to answer goes.
+    due_ms: int | None = None
+    dequeued_ms: int | None = None
     started_ms: int | None = None
+    first_byte_ms: int | None = None
     ended_ms: int | None = None
     #: What ended the attempt: the gate's action, ``handoff`` (the worker shut down and handed
     #: the job on at once), or ``worker_died`` / ``lost``.
     outcome: str
     cut: str | None = None
     detail: str = ""
+    #: The gate's reason for the outcome, and the delay it chose before the next attempt.
+    reason: str = ""
+    delay_ms: int = 0
     provider: str | None = None
     max_tokens: int | None = None
     #: The stored prefix when the attempt started (tokens), and how much of it was sent.

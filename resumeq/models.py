@@ -92,6 +92,8 @@ class JobRecord(BaseModel):
     #: Bytes of output that is not text (reasoning) the current attempt flushed so far.
     attempt_hidden_bytes: int = 0
     attempt_started_ms: int | None = None
+    #: When the next (or current) attempt fell due: its enqueue, or the end of its delay.
+    due_ms: int | None = None
     spilled_ms: int | None = None
     #: The fencing token of the attempt a janitor found dead.
     stalled_owner: str | None = None

@@ -17,7 +17,6 @@ lapsed, its RQ job started long ago or abandoned — is enqueued again, up to
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -72,10 +71,9 @@ def complete(store: Store, connection: redis.Redis, job_id: str) -> int:
     for field, raw in entries.items():
         if field == "attempt":
             entry = AttemptEntry.parse(raw)
-            delay_s = max(0.0, entry.due_ms / 1000.0 - time.time())
             discard_if_elsewhere(connection, job_id, entry.attempt, entry.queue)
             enqueue_attempt(
-                connection, job_id, queue=entry.queue, attempt=entry.attempt, delay_s=delay_s
+                connection, job_id, queue=entry.queue, attempt=entry.attempt, due_ms=entry.due_ms
             )
         elif field.startswith("hook:"):
             done += _follow_hook(store, connection, job_id, field, raw)
@@ -156,9 +154,8 @@ class _Batch:
             return
         ids = [self.job_ids[index] for index, _, _ in self.due]
         _discard_elsewhere(connection, [(i, e) for i, (_, _, e) in zip(ids, self.due, strict=True)])
-        now_s = time.time()
         attempts = [
-            DueAttempt(job_id, e.queue, e.attempt, max(0.0, e.due_ms / 1000.0 - now_s))
+            DueAttempt(job_id, e.queue, e.attempt, e.due_ms)
             for job_id, (_, _, e) in zip(ids, self.due, strict=True)
         ]
         for job_id, (index, raw, _), result in zip(

@@ -10,8 +10,6 @@ detects a dead worker.
 from __future__ import annotations
 
 import logging
-import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,14 +17,14 @@ from typing import Any
 
 import redis
 from rq import Queue
-from rq.exceptions import DuplicateJobError, InvalidJobOperation, NoSuchJobError
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.executions import Execution, ExecutionRegistry
 from rq.job import Job, JobStatus
 from rq.job_lifecycle import record_job_failure
 from rq.registry import CanceledJobRegistry, ScheduledJobRegistry, StartedJobRegistry
-from rq.scripts import _build_hset_args, get_unique_enqueue_script, get_unique_schedule_script
 from rq.serializers import JSONSerializer
 
+from resumeq import due, keys
 from resumeq.store import check_queue, decode
 
 log = logging.getLogger(__name__)
@@ -61,32 +59,32 @@ def enqueue_attempt(
     *,
     queue: str,
     attempt: int,
-    delay_s: float = 0.0,
+    due_ms: int = 0,
 ) -> bool:
-    """Enqueue attempt number ``attempt`` of ``job_id`` (after ``delay_s``).
+    """Enqueue attempt number ``attempt`` of ``job_id``, due at ``due_ms`` (ms, Redis's
+    clock; 0 or past: now). A later one waits in resumeq's due-time index
+    (:mod:`resumeq.due`), to the millisecond. A job's later attempts go to the front of
+    its queue: its answer is under way, and the provider's cache still holds its prompt.
 
     Answers False when that attempt is already enqueued (or ran): never twice.
     """
-    q = rq_queue(queue, connection)
-    options = {
-        "job_id": attempt_rq_id(job_id, attempt),
-        "job_timeout": -1,
-        "result_ttl": RESULT_TTL_S,
-        "failure_ttl": FAILURE_TTL_S,
-        "description": f"resumeq attempt {attempt} of {job_id}",
-        "unique": True,
-    }
-    try:
-        if delay_s > 0:
-            # RQ's scheduler keeps whole seconds: round up, so the attempt never starts
-            # before the delay (a provider's Retry-After) has passed.
-            at = datetime.fromtimestamp(math.ceil(time.time() + delay_s), tz=UTC)
-            q.enqueue_at(at, ATTEMPT_FUNC, job_id, **options)
-        else:
-            q.enqueue(ATTEMPT_FUNC, job_id, **options)
-    except DuplicateJobError:
-        return False
-    return True
+    item = DueAttempt(job_id, queue, attempt, due_ms)
+    return bool(_enqueue(rq_queue(queue, connection), item, connection))
+
+
+def _enqueue(queue: Queue, item: DueAttempt, client: redis.Redis | redis.client.Pipeline) -> Any:
+    """The one script that writes an attempt's RQ job (RQ's unique enqueue, resumeq's due
+    time) on ``client``; answers 1 or 0 (on a pipeline: in its reply)."""
+    job = queue.create_job(
+        ATTEMPT_FUNC,
+        args=(item.job_id,),
+        timeout=-1,
+        result_ttl=RESULT_TTL_S,
+        failure_ttl=FAILURE_TTL_S,
+        description=f"resumeq attempt {item.attempt} of {item.job_id}",
+        job_id=attempt_rq_id(item.job_id, item.attempt),
+    )
+    return due.enqueue(client, queue, job, due_ms=item.due_ms, at_front=item.attempt > 1)
 
 
 def fetch_attempt(connection: redis.Redis, job_id: str, attempt: int) -> Job | None:
@@ -106,11 +104,11 @@ def fetch_hook(connection: redis.Redis, job_id: str, hook: str) -> Job | None:
 
 
 def attempt_pending(connection: redis.Redis, job_id: str, attempt: int) -> bool:
-    """Whether the RQ job of that attempt will still run: it is started, scheduled *and* in
-    its queue's scheduled registry, or queued *and* on its queue's list. A job RQ calls
-    queued but that is on no list was dequeued by a worker that died before starting it;
-    one called scheduled but in no registry was half moved by a process that died: RQ
-    would find neither, ever."""
+    """Whether the RQ job of that attempt will still run: it is started, scheduled *and*
+    in the due-time index (or RQ's scheduled registry), or queued *and* on its queue's
+    list. A job RQ calls queued but that is on no list was dequeued by a worker that died
+    before starting it; one called scheduled but in no index was half moved by a process
+    that died: RQ would find neither, ever."""
     job = fetch_attempt(connection, job_id, attempt)
     if job is None:
         return False
@@ -120,10 +118,7 @@ def attempt_pending(connection: redis.Redis, job_id: str, attempt: int) -> bool:
     if status == JobStatus.QUEUED:
         return rq_queue(job.origin, connection).get_job_position(job.id) is not None
     if status == JobStatus.SCHEDULED:
-        registry = ScheduledJobRegistry(  # type: ignore[no-untyped-call]
-            job.origin, connection=connection, serializer=JSONSerializer
-        )
-        return job.id in registry
+        return _scheduled(connection, job)
     if status == JobStatus.STARTED and job.started_at is not None:
         # The first thing an attempt does is take the lease. Started long ago and the job
         # still queued: its work horse died before that, and RQ would notice only when
@@ -133,6 +128,17 @@ def attempt_pending(connection: redis.Redis, job_id: str, attempt: int) -> bool:
             started = started.replace(tzinfo=UTC)
         return (datetime.now(UTC) - started).total_seconds() < STARTED_GRACE_S
     return True
+
+
+def _scheduled(connection: redis.Redis, job: Job) -> bool:
+    """A scheduled attempt waits in resumeq's due-time index, or in RQ's scheduled
+    registry (where earlier versions put delayed attempts)."""
+    if due.due_at(connection, [job.id])[0] is not None:
+        return True
+    registry = ScheduledJobRegistry(  # type: ignore[no-untyped-call]
+        job.origin, connection=connection, serializer=JSONSerializer
+    )
+    return job.id in registry
 
 
 #: What an attempt's RQ job answers when another attempt (or nobody) goes on with its job
@@ -248,13 +254,13 @@ def _discard(connection: redis.Redis, rq_id: str) -> None:
 
 @dataclass(frozen=True)
 class DueAttempt:
-    """An attempt to enqueue: attempt number ``attempt`` of ``job_id`` on ``queue``,
-    after ``delay_s``."""
+    """An attempt to enqueue: attempt number ``attempt`` of ``job_id`` on ``queue``, due
+    at ``due_ms`` (ms, Redis's clock; 0: now)."""
 
     job_id: str
     queue: str
     attempt: int
-    delay_s: float = 0.0
+    due_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -270,9 +276,9 @@ class DeadAttempt:
 def enqueue_attempts(
     connection: redis.Redis, attempts: Sequence[DueAttempt]
 ) -> list[bool | Exception]:
-    """:func:`enqueue_attempt` for many attempts in one round trip: RQ's own atomic unique
-    enqueue and schedule scripts, pipelined. For each: True if enqueued, False if that
-    attempt was enqueued already (or ran), or the error (a malformed queue name)."""
+    """:func:`enqueue_attempt` for many attempts in one round trip (the same script,
+    pipelined). For each: True if enqueued, False if that attempt was enqueued already (or
+    ran), or the error (a malformed queue name)."""
     queues: dict[str, Queue] = {}
     out: list[bool | Exception] = []
     sent: dict[int, int] = {}  # the position of an attempt's script reply → its answer
@@ -282,7 +288,8 @@ def enqueue_attempts(
                 queue = queues.get(item.queue) or queues.setdefault(
                     item.queue, rq_queue(item.queue, connection)
                 )
-                sent[_queue_unique(pipe, queue, item)] = len(out)
+                _enqueue(queue, item, pipe)
+                sent[len(pipe.command_stack) - 1] = len(out)
                 out.append(False)
             except ValueError as exc:
                 out.append(exc)
@@ -290,43 +297,6 @@ def enqueue_attempts(
     for position, index in sent.items():
         out[index] = bool(replies[position])
     return out
-
-
-def _queue_unique(pipe: redis.client.Pipeline, queue: Queue, item: DueAttempt) -> int:
-    """Add to ``pipe`` what :meth:`Queue.enqueue` / :meth:`Queue.enqueue_at` with
-    ``unique=True`` run for the attempt (RQ's scripts: no job is written twice); answers
-    where in the pipeline's replies the script's answer (1: enqueued, 0: there already)
-    will be."""
-    rq_id = attempt_rq_id(item.job_id, item.attempt)
-    scheduled = item.delay_s > 0
-    job = queue.create_job(
-        ATTEMPT_FUNC,
-        args=(item.job_id,),
-        timeout=-1,
-        result_ttl=RESULT_TTL_S,
-        failure_ttl=FAILURE_TTL_S,
-        description=f"resumeq attempt {item.attempt} of {item.job_id}",
-        job_id=rq_id,
-        status=JobStatus.SCHEDULED if scheduled else JobStatus.QUEUED,
-    )
-    ttl = job.ttl if job.ttl is not None else -1
-    if scheduled:
-        # As enqueue_attempt: whole seconds, rounded up (never before the delay).
-        at = math.ceil(time.time() + item.delay_s)
-        job._status = JobStatus.SCHEDULED
-        registry = ScheduledJobRegistry(queue=queue)  # type: ignore[no-untyped-call]
-        script = get_unique_schedule_script(queue.connection)  # type: ignore[no-untyped-call]
-        fields = _build_hset_args(job)  # type: ignore[no-untyped-call]
-        keys = [job.key, registry.key, queue.redis_queues_keys]
-        script(keys=keys, args=[job.id, ttl, at, queue.key, *fields], client=pipe)
-        return len(pipe.command_stack) - 1
-    job.origin = queue.name
-    pipe.sadd(queue.redis_queues_keys, queue.key)
-    queue._prepare_for_queue(job)
-    script = get_unique_enqueue_script(queue.connection)  # type: ignore[no-untyped-call]
-    fields = _build_hset_args(job)  # type: ignore[no-untyped-call]
-    script(keys=[job.key, queue.key], args=[job.id, "R", ttl, *fields], client=pipe)
-    return len(pipe.command_stack) - 1
 
 
 def fetch_attempts(
@@ -423,21 +393,23 @@ def _settle(
 def attempts_pending(connection: redis.Redis, attempts: Sequence[tuple[str, int]]) -> list[bool]:
     """:func:`attempt_pending` for many ``(job id, attempt)``, in two round trips: their RQ
     jobs read, then where each queued one sits on its queue's list and whether each
-    scheduled one is in its queue's scheduled registry."""
+    scheduled one is in the due-time index or its queue's scheduled registry."""
     jobs = fetch_attempts(connection, attempts)
     status = [job.get_status(refresh=False) if job is not None else None for job in jobs]
-    where: dict[int, int] = {}  # the job's index → its reply's
+    where: dict[int, list[int]] = {}  # the job's index → its replies'
     with connection.pipeline(transaction=False) as pipe:
         for index, (job, was) in enumerate(zip(jobs, status, strict=True)):
             if job is None or was not in (JobStatus.QUEUED, JobStatus.SCHEDULED):
                 continue
-            where[index] = len(pipe.command_stack)
+            where[index] = [len(pipe.command_stack)]
             if was == JobStatus.QUEUED:
                 pipe.lpos(rq_queue(job.origin, connection).key, job.id)
             else:
                 registry = ScheduledJobRegistry(  # type: ignore[no-untyped-call]
                     job.origin, connection=connection, serializer=JSONSerializer
                 )
+                pipe.zscore(keys.DUE, job.id)
+                where[index].append(len(pipe.command_stack))
                 pipe.zscore(registry.key, job.id)
         replies = pipe.execute() if where else []
     pending: list[bool] = []
@@ -445,7 +417,7 @@ def attempts_pending(connection: redis.Redis, attempts: Sequence[tuple[str, int]
         if job is None or was in _ENDED:
             pending.append(False)
         elif index in where:
-            pending.append(replies[where[index]] is not None)
+            pending.append(any(replies[at] is not None for at in where[index]))
         else:
             pending.append(_started_recently(job) if was == JobStatus.STARTED else True)
     return pending

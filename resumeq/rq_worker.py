@@ -24,8 +24,10 @@ from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 import resumeq.worker  # noqa: F401 - loaded once here, not in every forked attempt
+from resumeq import due
 from resumeq.concurrent import ConcurrentWorker
 from resumeq.context import build_context, preload, redis_pool_size, set_context
+from resumeq.due import DueScheduler
 from resumeq.errors import ConfigError
 from resumeq.gate import BACKOFF_CAP_S
 from resumeq.hooks import import_hook_modules
@@ -113,6 +115,15 @@ class ForkingWorker(TruthfulRegistries, Worker):
 
     max_connection_wait_time = 2.0
 
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        """RQ's loop, with resumeq's due-time scheduler beside it (in this process only:
+        a work horse is forked from the loop's thread and has none)."""
+        scheduler = DueScheduler(self.connection, name=f"resumeq-due:{self.name}").start()
+        try:
+            return bool(super().work(*args, **kwargs))
+        finally:
+            scheduler.stop()
+
 
 def make_worker(
     settings: Settings, queues: Sequence[str] = (), *, concurrency: int | None = None
@@ -199,6 +210,7 @@ def run_worker(
                 len(scheduled),
             )
             time.sleep(max(0.0, wait_s))
+            due.promote_all(worker.connection)
             for queue in worker.queues:
                 enqueue_overdue(queue, math.floor(time.time()))
             worker.ctx.close()
@@ -214,8 +226,15 @@ BURST_WAIT_S = BACKOFF_CAP_S
 
 
 def scheduled_on(queues: Sequence[Queue]) -> list[tuple[Queue, str, float]]:
-    """``(queue, RQ job id, due as epoch seconds)`` of every job scheduled on ``queues``."""
-    found: list[tuple[Queue, str, float]] = []
+    """``(queue, RQ job id, due as epoch seconds)`` of every job scheduled on ``queues``:
+    in resumeq's due-time index, or RQ's scheduled registries."""
+    if not queues:
+        return []
+    by_name = {queue.name: queue for queue in queues}
+    found: list[tuple[Queue, str, float]] = [
+        (by_name[name], rq_id, at_ms / 1000.0)
+        for name, rq_id, at_ms in due.waiting_on(queues[0].connection, list(by_name))
+    ]
     for queue in queues:
         registry = ScheduledJobRegistry(queue=queue)  # type: ignore[no-untyped-call]
         pairs: Any = queue.connection.zrange(registry.key, 0, -1, withscores=True)

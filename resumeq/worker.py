@@ -11,11 +11,13 @@ written by the same script.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import UTC
 
 from rq import get_current_job
 
@@ -104,6 +106,8 @@ class StreamResult:
     reasoning: Pieces = field(default_factory=Pieces)
     tally: Tally = field(default_factory=Tally)
     lost: BaseException | None = None
+    #: When the provider answered (ms): its stream's headers, or its refusal.
+    first_byte_ms: int | None = None
 
 
 @dataclass
@@ -125,8 +129,15 @@ def run_attempt(job_id: str) -> str:
     handed on is an attempt that did its work)."""
     rq_job = get_current_job()
     from_spill = rq_job is not None and rq_job.origin == SPILL_QUEUE
+    dequeued = rq_job.started_at if rq_job is not None else None
+    if dequeued is not None and dequeued.tzinfo is None:
+        dequeued = dequeued.replace(tzinfo=UTC)
     ctx = context()
-    outcome = AttemptRunner(ctx).run(job_id, from_spill=from_spill)
+    outcome = AttemptRunner(ctx).run(
+        job_id,
+        from_spill=from_spill,
+        dequeued_ms=int(dequeued.timestamp() * 1000) if dequeued is not None else None,
+    )
     if outcome == "failed":
         try:
             error = ctx.store.get(job_id).error
@@ -141,9 +152,12 @@ class AttemptRunner:
         self.ctx = ctx
         self.store = ctx.store
         self.worker = ctx.settings.file.worker
+        self.dequeued_ms: int | None = None
 
-    def run(self, job_id: str, *, from_spill: bool = False) -> str:
-        """Run one attempt; answers the state the job reached (or why nothing ran)."""
+    def run(self, job_id: str, *, from_spill: bool = False, dequeued_ms: int | None = None) -> str:
+        """Run one attempt; answers the state the job reached (or why nothing ran).
+        ``dequeued_ms``: when a worker took the attempt's RQ job, for its ledger record."""
+        self.dequeued_ms = dequeued_ms
         if from_spill:
             self._take_from_spill(job_id)
         try:
@@ -178,7 +192,7 @@ class AttemptRunner:
         started = _now_ms()
         early = self._refusal(record)
         if early is not None:
-            entry = self._ledger(record, started, outcome=early.action, cut=None)
+            entry = self._ledger(record, started, outcome=early.action, cut=None, decision=early)
             return apply_decision(
                 self.store, self.ctx.redis, lease, record, early, ledger=entry.to_json_dict()
             )
@@ -240,6 +254,7 @@ class AttemptRunner:
                 window_s=self.worker.retry_window_s,
                 now_ms=_now_ms(),
             ),
+            attempt_s=max(0.0, (_now_ms() - started) / 1000.0),
         )
         decision = decide(view, result.cut, jitter=random.random())
         handed_on = handoff and decision.action in ("retry", "resume")
@@ -253,6 +268,8 @@ class AttemptRunner:
             ckpt=ckpt,
             count=count,
             seam=splicer.report,
+            first_byte_ms=result.first_byte_ms,
+            decision=decision,
         )
         log.info(
             "job %s attempt %d (%s): %s, %d tokens persisted -> %s (%s)",
@@ -304,6 +321,7 @@ class AttemptRunner:
             ckpt=call.ckpt,
             count=count,
             seam=call.splicer.report,
+            first_byte_ms=result.first_byte_ms,
         ).model_copy(update={"billed_lower_bound": True})
         try:
             self.store.append_ledger(
@@ -410,11 +428,15 @@ class AttemptRunner:
         was refused — or not asked at all: the worker is shutting down, nothing is bought."""
         if not self.ctx.handoff.is_set():
             try:
-                return call.client.open(call.plan)
+                stream = call.client.open(call.plan)
+                result.first_byte_ms = _now_ms()
+                return stream
             except RetryableProviderError as exc:
                 result.cut = Cut(kind="retryable", retry_after_s=exc.retry_after, detail=str(exc))
+                result.first_byte_ms = _now_ms() if exc.status is not None else None
             except FatalProviderError as exc:
                 result.cut = Cut(kind="fatal", detail=str(exc))
+                result.first_byte_ms = _now_ms() if exc.status is not None else None
         result.tally.opened = False  # refused before a stream: nothing was bought
         return None
 
@@ -527,17 +549,24 @@ class AttemptRunner:
         ckpt: Checkpointer | None = None,
         count: Count | None = None,
         seam: SpliceReport | None = None,
+        first_byte_ms: int | None = None,
+        decision: Decision | None = None,
     ) -> AttemptRecord:
         usage = usage or Usage()
         return AttemptRecord(
             attempt=record.attempt,
             kind=record.attempt_kind,
             worker=self.ctx.name,
+            due_ms=record.due_ms,
+            dequeued_ms=self.dequeued_ms,
             started_ms=started,
+            first_byte_ms=first_byte_ms,
             ended_ms=_now_ms(),
             outcome=outcome,
             cut=cut.kind if cut else None,
             detail=(cut.detail if cut else "")[:500],
+            reason=decision.reason[:500] if decision else "",
+            delay_ms=math.ceil(decision.delay_s * 1000) if decision else 0,
             provider=record.spec.provider,
             max_tokens=plan.max_tokens if plan else None,
             prefix_tokens=record.spent_output_tokens,

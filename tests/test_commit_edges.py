@@ -19,6 +19,7 @@ import redis
 from rq.registry import ScheduledJobRegistry
 from worker_support import attempt_runner, run_to_rest
 
+from resumeq import keys
 from resumeq.client import Client
 from resumeq.context import build_context
 from resumeq.continuation import plan_request
@@ -147,12 +148,14 @@ def test_a_half_moved_scheduled_attempt_is_repaired(
     redis_server: RedisServer, real_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before: taken off the scheduled registry and never put on the queue, the RQ job was
-    "scheduled" nowhere, counted as pending, and the job stayed queued forever."""
+    "scheduled" nowhere, counted as pending, and the job stayed queued forever. (Moves out
+    of the due-time index are one script now; the entry is lost here by hand.)"""
     job_id = real_store.create(SPEC).id
     real_store.outbox_done(job_id, "attempt", real_store.outbox(job_id)["attempt"])
-    enqueue_attempt(real_store.redis, job_id, queue="resumeq", attempt=1, delay_s=1)
-    registry = ScheduledJobRegistry("resumeq", connection=real_store.redis)
-    registry.remove(attempt_rq_id(job_id, 1))  # the crash between the two steps
+    due_ms = int(time.time() * 1000) + 60_000
+    enqueue_attempt(real_store.redis, job_id, queue="resumeq", attempt=1, due_ms=due_ms)
+    assert attempt_pending(real_store.redis, job_id, 1)
+    real_store.redis.zrem(keys.DUE, attempt_rq_id(job_id, 1))
     assert not attempt_pending(real_store.redis, job_id, 1)
     monkeypatch.setattr("resumeq.janitor.VANISHED_GRACE_MS", 0)
     settings = Settings(redis_url=redis_server.url, file=ConfigFile(worker=WorkerSettings()))

@@ -5,6 +5,7 @@ One redis-server, one fake provider and one set of worker processes serve the mo
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -102,6 +103,66 @@ def test_a_429_with_retry_after_waits_before_retrying(world: World) -> None:
         ("fresh", "retryable"),
         ("retry", "finished"),
     ]
+    # The ledger says what the gate chose and why; the retry never started early.
+    assert ledger[0]["delay_ms"] == 2000 and "retryable before any output" in ledger[0]["reason"]
+    assert ledger[1]["due_ms"] - ledger[0]["ended_ms"] >= 2000
+    assert ledger[1]["started_ms"] >= ledger[1]["dequeued_ms"] >= ledger[1]["due_ms"]
+
+
+def test_a_300_ms_retry_after_is_waited_out_to_the_millisecond(world: World) -> None:
+    """Before: RQ's scheduler kept whole seconds and looked once a second: a 300 ms
+    ``retry-after-ms`` started 1 to 2 s later. Measured on the ledger's own timestamps."""
+    prompt = "Give the tide table of a small harbour."
+    world.fake.add_faults([{"kind": "status", "status": 429, "retry_after": 0.3}])
+    job_id = world.enqueue(prompt)
+    record = world.wait_state(job_id, ENDED)
+    assert record.state.value == "done"
+    assert world.store.text(job_id) == world.canonical(prompt)
+    first, second = world.store.ledger(job_id)
+    assert first["cut"] == "retryable" and first["delay_ms"] == 300
+    assert 300 <= second["started_ms"] - first["ended_ms"] <= 400
+    assert 0 <= second["dequeued_ms"] - second["due_ms"] <= 100
+    asked, again = world.requests_for(prompt)
+    assert again["received_at"] - asked["received_at"] >= 0.3  # never early
+
+
+def test_a_job_cut_five_times_after_progress_is_continued_at_once_each_time(
+    world: World,
+) -> None:
+    prompt = "Recount the five storms of the winter."
+    world.fake.token_delay_ms = 3  # each attempt streams for a while before its cut
+    world.fake.add_faults([{"kind": "disconnect", "after_tokens": 20, "times": 5, "match": prompt}])
+    job_id = world.enqueue(prompt, exit={"max_attempts": 6})
+    record = world.wait_state(job_id, ENDED)
+    assert record.state.value == "done"
+    assert world.store.text(job_id) == world.canonical(prompt)
+    ledger = world.store.ledger(job_id)
+    assert [a["cut"] for a in ledger] == ["stream_cut"] * 5 + ["finished"]
+    assert [a["delay_ms"] for a in ledger[:5]] == [0] * 5
+    # No backoff (its first step alone is half a second): each continuation began as soon
+    # as a worker took it.
+    gaps = [b["started_ms"] - a["ended_ms"] for a, b in itertools.pairwise(ledger)]
+    assert max(gaps) < 400, gaps
+
+
+def test_a_provider_that_cuts_every_stream_after_one_token_is_stopped_not_hammered(
+    world: World,
+) -> None:
+    """Bad input: every attempt makes progress (one token), so no backoff applies; the
+    attempts run out, the exit applies, and attempts of the job start at least 50 ms
+    apart however fast they are cut."""
+    prompt = "Describe every lighthouse on the coast, one by one."
+    world.fake.add_faults(
+        [{"kind": "disconnect", "after_tokens": 1, "times": 100, "match": prompt}]
+    )
+    job_id = world.enqueue(prompt, exit={"max_attempts": 5, "droppable": True})
+    record = world.wait_state(job_id, ENDED)
+    assert record.state.value == "abandoned" and "attempts exhausted" in (record.reason or "")
+    ledger = world.store.ledger(job_id)
+    assert len(ledger) == len(world.requests_for(prompt)) == 5
+    assert all(a["output_tokens_persisted"] >= 1 for a in ledger)
+    starts = [a["started_ms"] for a in ledger]
+    assert all(b - a >= 49 for a, b in itertools.pairwise(starts)), starts
 
 
 def test_a_400_fails_after_one_attempt(world: World) -> None:

@@ -222,6 +222,7 @@ def test_status_429_with_retry_after_honours_times(fake: FakeProvider, http: htt
         response = http.post("/v1/chat/completions", json=OPENAI_BODY)
         assert response.status_code == 429
         assert response.headers["retry-after"] == "1"
+        assert response.headers["retry-after-ms"] == "1000"
         assert response.json()["error"]["code"] == "rate_limit_exceeded"
     assert receive(http, *WIRES["openai"]).text() == fake.canonical_text(MESSAGES)
     outcomes = [entry["outcome"] for entry in fake.journal(settle_s=5)]

@@ -210,7 +210,9 @@ def test_anthropic_sdk_raises_rate_limit_overloaded_and_bad_request(
     fake.add_faults([{"kind": "status", "status": 429, "retry_after": 1.5}])
     with pytest.raises(anthropic.RateLimitError) as limited:
         claude.messages.create(model="m", max_tokens=5, messages=ANTHROPIC_MESSAGES)
-    assert limited.value.response.headers["retry-after"] == "1.5"
+    # Anthropic says whole seconds, rounded up; no retry-after-ms on its wire.
+    assert limited.value.response.headers["retry-after"] == "2"
+    assert "retry-after-ms" not in limited.value.response.headers
     assert isinstance(limited.value.body, dict)
     assert limited.value.body["error"]["type"] == "rate_limit_error"
     fake.add_faults([{"kind": "status", "status": 529}])

@@ -15,10 +15,8 @@ from typing import Any
 import pytest
 import redis
 from rq.job import JobStatus
-from rq.registry import ScheduledJobRegistry
-from rq.serializers import JSONSerializer
 
-from resumeq import failpoints, keys
+from resumeq import due, failpoints, keys
 from resumeq.checkpoint import Checkpointer
 from resumeq.context import WorkerContext, build_context, set_context
 from resumeq.exits import apply_decision
@@ -156,9 +154,8 @@ def test_a_retry_after_survives_a_crash_and_keeps_its_due_time(
     janitor.sweep()
     job = fetch_attempt(ctx.redis, job_id, 2)
     assert job is not None and job.get_status() == JobStatus.SCHEDULED
-    registry = ScheduledJobRegistry("resumeq", connection=ctx.redis, serializer=JSONSerializer)
-    due = registry.get_scheduled_time(job).timestamp()
-    assert 25 <= due - time.time() <= 32
+    (due_ms,) = due.due_at(ctx.redis, [job.id])
+    assert due_ms is not None and 29_000 <= due_ms - time.time() * 1000 <= 30_100
     assert rq_queue("resumeq", ctx.redis).get_job_ids() == []  # not on the queue yet
 
 

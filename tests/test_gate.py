@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resumeq.gate import BACKOFF_CAP_S, Cut, JobView, backoff_s, decide
+from resumeq.gate import (
+    BACKOFF_CAP_S,
+    MIN_ATTEMPT_GAP_S,
+    RETRY_AFTER_CAP_S,
+    Cut,
+    JobView,
+    backoff_s,
+    decide,
+)
 from resumeq.spec import ExitPolicy
 
 
@@ -115,6 +123,7 @@ views = st.builds(
     failures=st.integers(0, 12),
     failing_for_s=st.floats(0, 1_000),
     retry_window_s=st.sampled_from([30.0, 300.0]),
+    attempt_s=st.none() | st.floats(0, 0.2) | st.floats(0, 600),
     counts_exact=st.booleans(),
     require_exact_counts=st.booleans(),
     byte_exact=st.booleans(),
@@ -155,13 +164,22 @@ def test_properties(view: JobView, cut: Cut, jitter: float) -> None:
         assert view.counts_exact or not view.require_exact_counts
         assert not cut.in_non_text_block
     if d.action in ("resume", "retry"):
-        assert d.max_tokens == remaining > 0 and 0 <= d.delay_s <= 600
+        assert d.max_tokens == remaining > 0 and 0 <= d.delay_s <= RETRY_AFTER_CAP_S
         # Counted out only when making progress; timed out only when not.
         assert not view.progressed or view.attempts < view.exit.max_attempts
         assert view.progressed or view.failing_for_s < view.retry_window_s
-        # Progress continues at once; only failures back off.
-        if view.progressed and cut.retry_after_s is None:
-            assert d.delay_s == 0.0
+        # Never a hot loop: attempts of one job start at least the minimum gap apart.
+        gap = 0.0 if view.attempt_s is None else max(0.0, MIN_ATTEMPT_GAP_S - view.attempt_s)
+        assert d.delay_s >= gap
+        # A provider's Retry-After is never cut short (up to its cap).
+        if cut.retry_after_s is not None:
+            assert d.delay_s >= min(cut.retry_after_s, RETRY_AFTER_CAP_S)
+        # Progress continues at once (past the gap); only failures back off.
+        elif view.progressed or cut.kind == "worker_died":
+            assert d.delay_s == gap
+        else:
+            ceiling = min(BACKOFF_CAP_S, 2.0 ** max(0, view.failures))
+            assert max(gap, ceiling / 2) <= d.delay_s <= max(gap, ceiling)
     if cut.kind in ("fatal", "conflict"):
         assert d.action == "failed"
     if d.action == "done":
@@ -179,3 +197,50 @@ def test_a_cut_after_progress_resumes_at_once_every_time() -> None:
     assert decide(stuck, CUT).action == "resume"  # 20 s is inside the window
     empty = job(prefix_chars=0, spent_output_tokens=0, progressed=False)
     assert decide(empty, CUT, jitter=0.0).delay_s == backoff_s(1, 0.0) > 0
+
+
+def test_a_job_cut_five_times_after_progress_is_continued_five_times_at_once() -> None:
+    view = job(attempts=0, spent_output_tokens=0, prefix_chars=0, exit=ExitPolicy(max_attempts=6))
+    delays = []
+    for _ in range(5):
+        # Each attempt ran 0.4 s and delivered 40 tokens before its cut.
+        view = view.model_copy(
+            update={
+                "attempts": view.attempts + 1,
+                "spent_output_tokens": view.spent_output_tokens + 40,
+                "prefix_chars": view.prefix_chars + 160,
+                "progressed": True,
+                "attempt_s": 0.4,
+            }
+        )
+        d = decide(view, CUT, jitter=0.9)
+        assert d.action == "resume"
+        delays.append(d.delay_s)
+    assert delays == [0.0] * 5
+
+
+def test_attempts_that_deliver_nothing_back_off_exponentially() -> None:
+    delays = [
+        decide(
+            job(prefix_chars=0, spent_output_tokens=0, progressed=False, failures=n, attempt_s=0.2),
+            Cut(kind="retryable"),
+            jitter=0.0,
+        ).delay_s
+        for n in range(7)
+    ]
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0]  # half of 1, 2, 4 … 60 s (jitter 0)
+    capped = job(prefix_chars=0, spent_output_tokens=0, progressed=False, failures=40)
+    assert decide(capped, Cut(kind="retryable"), jitter=0.999).delay_s <= BACKOFF_CAP_S
+
+
+def test_retry_after_wins_over_backoff_and_over_progress() -> None:
+    failing = job(prefix_chars=0, spent_output_tokens=0, progressed=False, failures=5)
+    assert decide(failing, Cut(kind="retryable", retry_after_s=0.3)).delay_s == 0.3
+    assert decide(job(), Cut(kind="stream_cut", retry_after_s=2.0)).delay_s == 2.0
+    assert decide(job(), Cut(kind="retryable", retry_after_s=9e9)).delay_s == RETRY_AFTER_CAP_S
+
+
+def test_a_fast_cut_waits_out_the_minimum_gap_and_no_more() -> None:
+    assert decide(job(attempt_s=0.01), CUT).delay_s == pytest.approx(MIN_ATTEMPT_GAP_S - 0.01)
+    assert decide(job(attempt_s=MIN_ATTEMPT_GAP_S), CUT).delay_s == 0.0
+    assert decide(job(attempt_s=None), CUT).delay_s == 0.0  # not known: a janitor's reap

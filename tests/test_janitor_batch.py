@@ -376,13 +376,14 @@ def test_an_enqueue_in_a_batch_writes_what_a_single_enqueue_writes(
         connection.flushall()
         enqueue()
         fields = connection.hgetall(Job.key_for(attempt_rq_id("j", 1)))
-        scheduled = connection.zrange("rq:scheduled:resumeq", 0, -1, withscores=True)
+        scheduled = connection.zrange(keys.DUE, 0, -1, withscores=True)
         queued = rq_queue("resumeq", connection).get_job_ids()
         return {k: v for k, v in fields.items() if k not in stamps}, (scheduled, queued)
 
-    for due in (DueAttempt("j", "resumeq", 1), DueAttempt("j", "resumeq", 1, delay_s=30.0)):
+    later = int(time.time() * 1000) + 30_000
+    for due in (DueAttempt("j", "resumeq", 1), DueAttempt("j", "resumeq", 1, due_ms=later)):
         one = partial(enqueue_attempt, connection, "j", queue="resumeq", attempt=1)
-        single = written(partial(one, delay_s=due.delay_s))
+        single = written(partial(one, due_ms=due.due_ms))
         assert single == written(partial(enqueue_attempts, connection, [due]))
     # Never twice: a second enqueue of the same attempt is refused, the rest go on.
     answers = enqueue_attempts(

@@ -260,7 +260,9 @@ class FakeHandler(BaseHTTPRequestHandler):
         if fault is not None and fault.kind == "status":
             exchange.outcome = "status"
             reply = wire.error(fault.status, fault.message)
-            reply.headers.update(retry_after_headers(fault.retry_after))
+            reply.headers.update(
+                retry_after_headers(fault.retry_after, millis=wire.name == "openai")
+            )
             self._send_error_reply(reply, exchange)
             return
         usage = wire.input_usage(state.cache, request)

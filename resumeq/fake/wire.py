@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -105,8 +106,13 @@ def positive_int(body: Mapping[str, Any], *names: str) -> int | None:
     return None
 
 
-def retry_after_headers(retry_after: float | None) -> dict[str, str]:
+def retry_after_headers(retry_after: float | None, *, millis: bool) -> dict[str, str]:
+    """How long to wait, as real providers say it: ``retry-after`` in whole seconds
+    (HTTP's form, rounded up: never early), and on the OpenAI wire also ``retry-after-ms``
+    to the millisecond (OpenAI's SDK reads it first)."""
     if retry_after is None:
         return {}
-    seconds = int(retry_after) if float(retry_after).is_integer() else retry_after
-    return {"retry-after": str(seconds)}
+    headers = {"retry-after": str(math.ceil(retry_after))}
+    if millis:
+        headers["retry-after-ms"] = str(math.ceil(retry_after * 1000))
+    return headers

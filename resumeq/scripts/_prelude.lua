@@ -160,6 +160,14 @@ local function outbox_add(outbox, pending, id, field, value, now)
   redis.call('ZADD', pending, 'NX', fmt(now), id)
 end
 
+-- The job's next attempt goes into its outbox, due at ``due`` (ms, this clock); the job
+-- keeps the due time, which the attempt's ledger record reports (``due_ms``: from it to
+-- the attempt's start is the time it waited for a worker).
+local function next_attempt_due(job, outbox, pending, id, queue, attempt, due, now)
+  redis.call('HSET', job, 'due_ms', fmt(due))
+  outbox_add(outbox, pending, id, 'attempt', queue .. '|' .. attempt .. '|' .. fmt(due), now)
+end
+
 local function outbox_clear(outbox, pending, id)
   redis.call('DEL', outbox)
   redis.call('ZREM', pending, id)

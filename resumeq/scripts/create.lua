@@ -37,7 +37,7 @@ redis.call('HSET', job,
 stamp(job, ARGV[8])
 redis.call('ZADD', queued, fmt(now), id)
 redis.call('HINCRBY', totals, 'jobs:created', 1)
-outbox_add(outbox, pending, id, 'attempt', queue .. '|1|' .. fmt(now), now)
+next_attempt_due(job, outbox, pending, id, queue, '1', now, now)
 if idem then
   -- No TTL while the job lives: the key expires with the job (see retire_idempotency).
   redis.call('SET', idem, id .. ':' .. hash)

@@ -64,14 +64,13 @@ if record_attempt(job, ledger, redis.call('HGET', job, 'attempt'), ARGV[5]) then
 end
 if to_state == 'queued' then
   redis.call('ZADD', queued, fmt(now), id)
-  local due = fmt(now + (tonumber(ARGV[8]) or 0))
-  outbox_add(outbox, pending, id, 'attempt',
-    redis.call('HGET', job, 'queue') .. '|' .. next_attempt .. '|' .. due, now)
+  local due = now + (tonumber(ARGV[8]) or 0)
+  next_attempt_due(job, outbox, pending, id, redis.call('HGET', job, 'queue'), next_attempt, due, now)
 elseif to_state == 'spilled' then
   redis.call('HINCRBY', job, 'spill_count', 1)
   redis.call('HSET', job, 'spilled_ms', fmt(now))
   redis.call('ZADD', spilled, fmt(now), id)
-  outbox_add(outbox, pending, id, 'attempt', ARGV[9] .. '|' .. next_attempt .. '|' .. fmt(now), now)
+  next_attempt_due(job, outbox, pending, id, ARGV[9], next_attempt, now, now)
 else
   redis.call('HSET', job, 'finished_ms', fmt(now))
   ended(totals, ended_index, id, to_state, now)

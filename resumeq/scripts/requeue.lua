@@ -43,7 +43,6 @@ local rev = bump(job, now)
 redis.call('ZREM', spilled, id)
 redis.call('ZADD', queued, fmt(now), id)
 local next_attempt = fmt(tonumber(redis.call('HGET', job, 'attempt')) + 1)
-outbox_add(outbox, pending, id, 'attempt',
-  redis.call('HGET', job, 'queue') .. '|' .. next_attempt .. '|' .. fmt(now), now)
+next_attempt_due(job, outbox, pending, id, redis.call('HGET', job, 'queue'), next_attempt, now, now)
 event(events, rev, 'state', 'queued', 'reason', 'requeued from spill')
 return { 'ok', fmt(rev) }

@@ -25,7 +25,7 @@ from rq.registry import CanceledJobRegistry, ScheduledJobRegistry, StartedJobReg
 from rq.serializers import JSONSerializer
 
 from resumeq import due, keys
-from resumeq.store import check_queue, decode
+from resumeq.store import SPILL_QUEUE, check_queue, decode
 
 log = logging.getLogger(__name__)
 #: The RQ function that runs one attempt.
@@ -64,7 +64,8 @@ def enqueue_attempt(
     """Enqueue attempt number ``attempt`` of ``job_id``, due at ``due_ms`` (ms, Redis's
     clock; 0 or past: now). A later one waits in resumeq's due-time index
     (:mod:`resumeq.due`), to the millisecond. A job's later attempts go to the front of
-    its queue: its answer is under way, and the provider's cache still holds its prompt.
+    its queue (the spill lane excepted): its answer is under way, and the provider's cache
+    still holds its prompt.
 
     Answers False when that attempt is already enqueued (or ran): never twice.
     """
@@ -84,7 +85,9 @@ def _enqueue(queue: Queue, item: DueAttempt, client: redis.Redis | redis.client.
         description=f"resumeq attempt {item.attempt} of {item.job_id}",
         job_id=attempt_rq_id(item.job_id, item.attempt),
     )
-    return due.enqueue(client, queue, job, due_ms=item.due_ms, at_front=item.attempt > 1)
+    # The spill lane stays first in, first out: a person, or a reserved pool, drains it.
+    at_front = item.attempt > 1 and item.queue != SPILL_QUEUE
+    return due.enqueue(client, queue, job, due_ms=item.due_ms, at_front=at_front)
 
 
 def fetch_attempt(connection: redis.Redis, job_id: str, attempt: int) -> Job | None:

@@ -16,6 +16,7 @@ from resumeq.context import WorkerContext, build_context
 from resumeq.janitor import Janitor
 from resumeq.queueing import attempt_pending, attempt_rq_id, enqueue_attempt, rq_queue
 from resumeq.settings import ConfigFile, Settings, WorkerSettings
+from resumeq.store import SPILL_QUEUE
 from resumeq.testing import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -79,6 +80,20 @@ def test_a_due_time_already_past_goes_straight_onto_the_queue(redis_client: redi
     assert redis_client.zcard(keys.DUE) == 0
     assert queued(redis_client) == [attempt_rq_id("cont", 3), attempt_rq_id("first", 1)]
     assert Job.fetch(attempt_rq_id("cont", 3), connection=redis_client).get_status() == "queued"
+
+
+def test_later_attempts_go_first_except_on_the_spill_lane(redis_client: redis.Redis) -> None:
+    for job_id in ("new1", "new2"):
+        enqueue_attempt(redis_client, job_id, queue="resumeq", attempt=1)
+    enqueue_attempt(redis_client, "cont", queue="resumeq", attempt=2)
+    assert queued(redis_client) == [attempt_rq_id(j, n) for j, n in (("cont", 2), ("new1", 1),
+                                                                      ("new2", 1))]  # fmt: skip
+    for job_id in ("spilled1", "spilled2"):
+        enqueue_attempt(redis_client, job_id, queue=SPILL_QUEUE, attempt=3)
+    assert queued(redis_client, SPILL_QUEUE) == [
+        attempt_rq_id("spilled1", 3),
+        attempt_rq_id("spilled2", 3),
+    ]
 
 
 def test_entries_whose_rq_job_is_gone_or_moved_are_dropped(redis_client: redis.Redis) -> None:

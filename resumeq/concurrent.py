@@ -83,6 +83,8 @@ TRIM_MIN_GAP_S = 2.0
 #: A burst worker stays for the delayed attempts bound for its queues that fall due this
 #: soon (the longest backoff resumeq chooses); later ones it leaves, and says so.
 BURST_DUE_S = BACKOFF_CAP_S
+#: How often a burst worker with nothing to do looks for them (seconds).
+BURST_LOOK_S = 0.25
 
 
 def trim_due(turnover: int, since_trim_s: float, since_start_s: float) -> bool:
@@ -188,6 +190,7 @@ class ConcurrentWorker(BaseWorker):
         self._last_trim = time.monotonic()
         self._due: DueScheduler | None = None
         self._burst_waits_for: set[str] = set()
+        self._burst_next_look = 0.0
 
     # -- what the worker is doing ------------------------------------------------------
 
@@ -216,10 +219,10 @@ class ConcurrentWorker(BaseWorker):
         self.log.info("Worker %s: up to %d attempts at once", self.name, self.concurrency)
         if with_scheduler:
             self._start_scheduler(burst, logging_level)
-        self._due = DueScheduler(self.connection, name=f"resumeq-due:{self.name}").start()
-        self._install_signal_handlers()
         ran = 0
         try:
+            self._due = DueScheduler(self.connection, name=f"resumeq-due:{self.name}").start()
+            self._install_signal_handlers()
             while not self._stop_requested:
                 started = self._step(burst)
                 if started is None:
@@ -322,22 +325,25 @@ class ConcurrentWorker(BaseWorker):
 
     def _due_soon(self) -> bool:
         """Whether delayed attempts bound for this worker's queues fall due within
-        ``BURST_DUE_S``: a burst waits for them (its scheduler moves them)."""
+        ``BURST_DUE_S``: a burst waits for them. Looked at every ``BURST_LOOK_S``; what is
+        due is moved here too, so a burst never waits on a scheduler that is not there."""
+        at = time.monotonic()
+        if at < self._burst_next_look:
+            return bool(self._burst_waits_for)
+        self._burst_next_look = at + BURST_LOOK_S
         names = [queue.name for queue in self.queues]
-        now_ms = time.time() * 1000
-        soon = [
-            (at, rq_id)
-            for _, rq_id, at in due.waiting_on(self.connection, names)
-            if at <= now_ms + BURST_DUE_S * 1000
-        ]
-        if soon and self._burst_waits_for != {rq_id for _, rq_id in soon}:
-            self._burst_waits_for = {rq_id for _, rq_id in soon}
-            self.log.info(
-                "burst: waiting %.1f s for %d delayed attempt(s)",
-                max(0.0, (min(soon)[0] - now_ms) / 1000),
-                len(soon),
-            )
-        return bool(soon)
+        try:
+            due.promote_all(self.connection)
+            soon = due.waiting_on(self.connection, names, within_ms=int(BURST_DUE_S * 1000))
+        except redis.RedisError as exc:
+            self.log.error("Worker %s: cannot reach Redis (%s)", self.name, exc)
+            self._burst_waits_for = set()
+            return False
+        waits_for = {rq_id for _, rq_id, _ in soon}
+        if waits_for and waits_for != self._burst_waits_for:
+            self.log.info("burst: waiting for %d delayed attempt(s)", len(waits_for))
+        self._burst_waits_for = waits_for
+        return bool(waits_for)
 
     def _wait_for_a_change(self, timeout_s: float) -> None:
         with self._idle:

@@ -37,7 +37,7 @@ from rq.scripts import _build_hset_args
 from rq.utils import now, utcformat
 
 from resumeq import keys
-from resumeq.store import decode
+from resumeq.store import SPILL_QUEUE, decode
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,7 @@ def promote(connection: redis.Redis, *, limit: int = MOVE_LIMIT) -> tuple[int, i
             Queue.redis_queue_namespace_prefix,
             utcformat(now()),
             limit,
+            SPILL_QUEUE,
         ],
         client=connection,
     )
@@ -131,20 +132,31 @@ def due_at(connection: redis.Redis, rq_ids: Sequence[str]) -> list[int | None]:
     return [None if s is None else int(s) for s in scores]
 
 
-def waiting_on(connection: redis.Redis, queues: Sequence[str]) -> list[tuple[str, str, int]]:
-    """``(queue, RQ job id, due ms)`` of every attempt in the index bound for ``queues``."""
-    entries: Any = connection.zrange(keys.DUE, 0, -1, withscores=True)
+def waiting_on(
+    connection: redis.Redis, queues: Sequence[str], *, within_ms: int | None = None
+) -> list[tuple[str, str, int]]:
+    """``(queue, RQ job id, due ms)`` of the attempts in the index bound for ``queues``
+    (those due within ``within_ms`` of Redis's time, if given; at most ``MOVE_LIMIT``)
+    whose RQ job still waits (an entry left by a deleted job is no attempt)."""
+    if within_ms is None:
+        horizon: str | int = "+inf"
+    else:
+        seconds, micros = connection.time()
+        horizon = int(seconds) * 1000 + int(micros) // 1000 + within_ms
+    entries: Any = connection.zrangebyscore(
+        keys.DUE, "-inf", horizon, start=0, num=MOVE_LIMIT, withscores=True
+    )
     if not entries:
         return []
     with connection.pipeline(transaction=False) as pipe:
         for rq_id, _ in entries:
-            pipe.hget(Job.key_for(decode(rq_id)), "origin")
-        origins = pipe.execute()
+            pipe.hmget(Job.key_for(decode(rq_id)), "status", "origin")
+        fields = pipe.execute()
     wanted = set(queues)
     return [
         (decode(origin), decode(rq_id), int(score))
-        for (rq_id, score), origin in zip(entries, origins, strict=True)
-        if origin is not None and decode(origin) in wanted
+        for (rq_id, score), (status, origin) in zip(entries, fields, strict=True)
+        if status == b"scheduled" and origin is not None and decode(origin) in wanted
     ]
 
 
@@ -205,10 +217,18 @@ class DueScheduler:
                 wait_s = POLL_S if next_due is None else (next_due - now_ms) / 1000.0
                 self._wait(min(POLL_S, max(0.0, wait_s)))
                 failed = 0
-            except redis.RedisError as exc:
+            except Exception as exc:  # never dies: a dead scheduler strands delayed attempts
                 failed += 1
                 if failed == 1:
-                    log.warning("%s: cannot reach Redis (%s); trying again", self.name, exc)
+                    unreachable = isinstance(exc, redis.RedisError)
+                    log.log(
+                        logging.WARNING if unreachable else logging.ERROR,
+                        "%s: %s (%s); trying again",
+                        self.name,
+                        "cannot reach Redis" if unreachable else "failed",
+                        exc,
+                        exc_info=not unreachable,
+                    )
                 self._stop.wait(min(POLL_S, 0.1 * failed))
 
     def _wait(self, wait_s: float) -> None:
@@ -217,7 +237,8 @@ class DueScheduler:
             return
         block_s = min(wait_s - BLOCK_SLACK_S, self._block_limit_s)
         if self._can_block and block_s > 0.01:
-            # Woken by a schedule anywhere (one token: one scheduler looks) or the stop.
-            self.connection.blpop([keys.DUE_WAKE, self._stop_key], timeout=block_s)
+            # Woken by the stop, or a schedule anywhere (one token: one scheduler looks;
+            # the stop key first, so that a stopping scheduler leaves the token).
+            self.connection.blpop([self._stop_key, keys.DUE_WAKE], timeout=block_s)
             return
         _NUDGE.wait(wait_s)

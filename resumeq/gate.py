@@ -23,9 +23,10 @@ starts at once, however many cuts came before. Only attempts that delivered noth
 off (exponential and capped, with "equal" jitter: between half and all of the ceiling; a
 provider's Retry-After is honoured), and such a run of failures ends the job's chances by
 *time*: once it has lasted ``retry_window_s``, the job's exit applies. ``max_attempts``
-caps the attempts that made progress. However fast attempts end, two attempts of one job
-start at least ``MIN_ATTEMPT_GAP_S`` apart: a provider that cuts every stream after its
-first token is not hammered while ``max_attempts`` and the budget run out.
+caps the attempts that made progress. However fast the provider cuts them, two attempts of
+one job start at least ``MIN_ATTEMPT_GAP_S`` apart: a provider that cuts every stream after
+its first token is not hammered while ``max_attempts`` and the budget run out (an attempt
+that ran that long, as any real one does, continues with no delay at all).
 """
 
 from __future__ import annotations
@@ -128,7 +129,9 @@ def _delay(job: JobView, cut: Cut, jitter: float) -> float:
         delay = 0.0  # the provider was working (or the worker went away): continue at once
     else:
         delay = backoff_s(job.failures + 1, jitter)
-    if job.attempt_s is not None:  # never a hot loop, however fast attempts are cut
+    # Never a hot loop, however fast the provider cuts; a worker that goes away (a handoff,
+    # a death) says nothing about the provider and hands on at once.
+    if job.attempt_s is not None and cut.kind not in ("worker_died", "handoff"):
         delay = max(delay, MIN_ATTEMPT_GAP_S - job.attempt_s)
     return delay
 

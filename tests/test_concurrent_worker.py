@@ -92,7 +92,7 @@ def finish_elsewhere(
 def assert_canonical(world: World, job_ids: list[str], texts: list[str]) -> None:
     for job_id, prompt in zip(job_ids, texts, strict=True):
         record = world.store.get(job_id)
-        assert record.state.value == "done", (job_id, record.state, record.error)
+        assert record.state.value == "done", (job_id, record.state, record.reason, record.error)
         assert world.store.text(job_id) == world.canonical(prompt), job_id
 
 
@@ -103,7 +103,10 @@ def test_a_hundred_jobs_with_cuts_through_one_process(world: World) -> None:
     worker = world.cluster.worker(concurrency=50)
     world.cluster.janitor()
     texts = prompts(100, "cut at random")
-    job_ids = [world.enqueue(p) for p in texts]
+    # Five cuts in a row spill a job (max_attempts 5): at 30 % a request, 0.3^5 a job, and
+    # one of a hundred jobs now and then (it did once in a full suite). What is tested here
+    # is the process, not the exit.
+    job_ids = [world.enqueue(p, exit={"max_attempts": 20}) for p in texts]
     samples = []
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

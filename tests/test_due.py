@@ -96,6 +96,23 @@ def test_later_attempts_go_first_except_on_the_spill_lane(redis_client: redis.Re
     ]
 
 
+def test_a_delayed_spill_lane_attempt_joins_the_back_in_due_order(
+    redis_client: redis.Redis,
+) -> None:
+    enqueue_attempt(redis_client, "waiting", queue=SPILL_QUEUE, attempt=2)
+    at = redis_ms(redis_client) + 300
+    enqueue_attempt(redis_client, "s2", queue=SPILL_QUEUE, attempt=2, due_ms=at + 1)
+    enqueue_attempt(redis_client, "s1", queue=SPILL_QUEUE, attempt=2, due_ms=at)
+    enqueue_attempt(redis_client, "c", queue="resumeq", attempt=2, due_ms=at)
+    while redis_ms(redis_client) <= at + 1:
+        time.sleep(0.01)
+    assert due.promote(redis_client)[0] == 3
+    assert queued(redis_client, SPILL_QUEUE) == [
+        attempt_rq_id(job_id, 2) for job_id in ("waiting", "s1", "s2")
+    ]
+    assert queued(redis_client) == [attempt_rq_id("c", 2)]
+
+
 def test_entries_whose_rq_job_is_gone_or_moved_are_dropped(redis_client: redis.Redis) -> None:
     at = redis_ms(redis_client) + 20
     for job_id in ("gone", "moved", "kept"):
@@ -207,8 +224,41 @@ def test_waiting_on_lists_what_is_bound_for_the_queues_asked(redis_client: redis
     at = redis_ms(redis_client) + 60_000
     enqueue_attempt(redis_client, "a", queue="resumeq", attempt=2, due_ms=at)
     enqueue_attempt(redis_client, "b", queue="other", attempt=2, due_ms=at + 1)
+    enqueue_attempt(redis_client, "late", queue="resumeq", attempt=2, due_ms=at + 120_000)
+    assert due.waiting_on(redis_client, ["resumeq"], within_ms=90_000) == [
+        ("resumeq", attempt_rq_id("a", 2), at)
+    ]
+    assert len(due.waiting_on(redis_client, ["resumeq"])) == 2
+    # An attempt deleted and enqueued again at once (an operator's requeue elsewhere)
+    # leaves a stale entry behind: it is no attempt waiting.
+    redis_client.delete(Job.key_for(attempt_rq_id("late", 2)))
+    enqueue_attempt(redis_client, "late", queue="resumeq", attempt=2)
     assert due.waiting_on(redis_client, ["resumeq"]) == [("resumeq", attempt_rq_id("a", 2), at)]
     assert {q for q, _, _ in due.waiting_on(redis_client, ["resumeq", "other"])} == {
         "resumeq",
         "other",
     }
+
+
+def test_a_scheduler_that_meets_an_unexpected_error_goes_on(
+    redis_client: redis.Redis,
+    scheduler: due.DueScheduler,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A scheduler thread that died would strand every delayed attempt of its Redis."""
+    real = due.promote
+    failures = iter([ValueError("a bug"), None])
+
+    def flaky(connection: redis.Redis, **kwargs: int) -> tuple[int, int | None, int]:
+        if next(failures, None) is not None:
+            raise ValueError("a bug")
+        return real(connection, **kwargs)
+
+    monkeypatch.setattr(due, "promote", flaky)
+    at = redis_ms(redis_client) + 100
+    enqueue_attempt(redis_client, "k", queue="resumeq", attempt=2, due_ms=at)
+    popped = redis_client.blpop([rq_queue("resumeq", redis_client).key], timeout=5)
+    assert popped is not None and popped[1].decode() == attempt_rq_id("k", 2)
+    assert scheduler._thread is not None and scheduler._thread.is_alive()
+    assert any("failed (a bug)" in r.getMessage() for r in caplog.records)

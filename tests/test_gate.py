@@ -137,7 +137,16 @@ views = st.builds(
 cuts = st.builds(
     Cut,
     kind=st.sampled_from(
-        ["finished", "worker_died", "retryable", "stream_cut", "stall", "fatal", "conflict"]
+        [
+            "finished",
+            "worker_died",
+            "handoff",
+            "retryable",
+            "stream_cut",
+            "stall",
+            "fatal",
+            "conflict",
+        ]
     ),
     finish_reason=st.sampled_from([None, "stop", "length"]),
     retry_after_s=st.none() | st.floats(0, 10_000),
@@ -170,12 +179,13 @@ def test_properties(view: JobView, cut: Cut, jitter: float) -> None:
         assert view.progressed or view.failing_for_s < view.retry_window_s
         # Never a hot loop: attempts of one job start at least the minimum gap apart.
         gap = 0.0 if view.attempt_s is None else max(0.0, MIN_ATTEMPT_GAP_S - view.attempt_s)
+        gap = 0.0 if cut.kind in ("worker_died", "handoff") else gap
         assert d.delay_s >= gap
         # A provider's Retry-After is never cut short (up to its cap).
         if cut.retry_after_s is not None:
             assert d.delay_s >= min(cut.retry_after_s, RETRY_AFTER_CAP_S)
         # Progress continues at once (past the gap); only failures back off.
-        elif view.progressed or cut.kind == "worker_died":
+        elif view.progressed or cut.kind in ("worker_died", "handoff"):
             assert d.delay_s == gap
         else:
             ceiling = min(BACKOFF_CAP_S, 2.0 ** max(0, view.failures))
@@ -244,3 +254,5 @@ def test_a_fast_cut_waits_out_the_minimum_gap_and_no_more() -> None:
     assert decide(job(attempt_s=0.01), CUT).delay_s == pytest.approx(MIN_ATTEMPT_GAP_S - 0.01)
     assert decide(job(attempt_s=MIN_ATTEMPT_GAP_S), CUT).delay_s == 0.0
     assert decide(job(attempt_s=None), CUT).delay_s == 0.0  # not known: a janitor's reap
+    # A worker going away hands on at once: it says nothing about the provider.
+    assert decide(job(attempt_s=0.01), Cut(kind="handoff")).delay_s == 0.0

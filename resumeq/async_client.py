@@ -171,6 +171,18 @@ class AsyncClient:
                 if delta is not None:
                     yield delta
 
+    async def events(
+        self, job_id: str, *, after: int = 0, stop_at_spill: bool = True
+    ) -> AsyncGenerator[tuple[int, dict[str, str]], None]:
+        """The job's events after revision ``after`` — ``(revision, fields)``: ``delta``
+        for text, ``state`` for a state change — blocking for more, until the job ends (or
+        spills, with ``stop_at_spill``); what the HTTP service's event streams send.
+        :class:`~resumeq.errors.JobNotFound` for an unknown job."""
+        entries = self._entries(job_id, after=after, deadline=None, stop_at_spill=stop_at_spill)
+        async with aclosing(entries):
+            async for entry in entries:
+                yield entry
+
     async def _entries(
         self,
         job_id: str,

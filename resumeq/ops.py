@@ -55,6 +55,7 @@ def status_dict(store: Store, job_id: str) -> dict[str, Any]:
         "provider": record.spec.provider,
         "model": record.spec.model,
         "prompt_hash": record.prompt_hash,
+        "owner": record.owner,
         "created_ms": record.created_ms,
         "updated_ms": record.updated_ms,
         "finished_ms": record.finished_ms,

@@ -20,6 +20,7 @@ def enqueue_job(
     spec: JobSpec | Mapping[str, Any],
     *,
     queue: str = DEFAULT_QUEUE,
+    owner: str | None = None,
 ) -> CreateResult:
     """Validate and write the job record, then enqueue attempt 1.
 
@@ -27,6 +28,6 @@ def enqueue_job(
     attempt was enqueued). If the process dies between the two steps, the janitor carries
     the outbox out.
     """
-    result = store.create(spec, queue=queue)
+    result = store.create(spec, queue=queue, owner=owner)
     outbox.complete(store, connection, result.id)
     return result

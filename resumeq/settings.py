@@ -197,6 +197,50 @@ class StoreSettings(BaseModel):
 
 ProfileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 
+Role = Literal["producer", "operator", "viewer"]
+
+
+class ServerToken(BaseModel):
+    """A bearer token the HTTP service accepts, by the SHA-256 of the token (hex), with
+    its role and the name its jobs are recorded under."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    role: Role
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.@-]{1,64}$")
+
+    @property
+    def principal(self) -> str:
+        """Whom a job created with this token belongs to: its name, else its hash's head."""
+        return self.name or f"sha256-{self.sha256[:12]}"
+
+
+class ServerSettings(BaseModel):
+    """``[server]``: ``resumeq serve``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    #: true: ``/metrics`` and ``/healthz`` need no token.
+    public_metrics: bool = False
+    tokens: tuple[ServerToken, ...] = ()
+    #: A request body larger than this is refused (413).
+    max_body_bytes: int = Field(default=1_048_576, gt=0)
+    #: An SSE follower with nothing new gets a comment this often (seconds).
+    keepalive_s: float = Field(default=15.0, gt=0)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> ServerSettings:
+        hashes = [t.sha256 for t in self.tokens]
+        if len(set(hashes)) != len(hashes):
+            raise ValueError("tokens: the same sha256 is listed twice")
+        names = [t.principal for t in self.tokens]
+        if len(set(names)) != len(names):
+            raise ValueError("tokens: two tokens have the same name (a job belongs to a name)")
+        return self
+
 
 class ConfigFile(BaseModel):
     """The TOML file of SPEC §15."""
@@ -208,6 +252,7 @@ class ConfigFile(BaseModel):
     janitor: JanitorSettings = JanitorSettings()
     store: StoreSettings = StoreSettings()
     limits: Limits = Limits()
+    server: ServerSettings = ServerSettings()
 
 
 class Settings(BaseModel):

@@ -190,8 +190,10 @@ class Store:
         *,
         queue: str = DEFAULT_QUEUE,
         job_id: str | None = None,
+        owner: str | None = None,
     ) -> CreateResult:
-        """Validate ``spec`` and write the job record (state ``queued``, cursor 0).
+        """Validate ``spec`` and write the job record (state ``queued``, cursor 0);
+        ``owner``: the principal that creates it (the HTTP service's producers).
 
         Raises :class:`~resumeq.errors.InvalidSpec` before anything is written. With an
         idempotency key, a second create answers the first job's id (``created=False``),
@@ -212,6 +214,7 @@ class Store:
             queue,
             spec.idempotency_key or "",
             request_id(),
+            _check_owner(owner) if owner else "",
         ]
         status, *rest = self._run("create", job_keys, args, job_id, tries=WRITE_TRIES)
         bound_id = _s(rest[0])
@@ -346,6 +349,10 @@ class Store:
         return int(rest[0])
 
     # -- reads ---------------------------------------------------------------------------
+
+    def ping(self) -> None:
+        """Redis answers, or :class:`~resumeq.errors.RedisUnavailable`."""
+        self._read("ping", lambda r: r.ping())
 
     def get(self, job_id: str) -> JobRecord:
         fields = self._read("get", lambda r: r.hgetall(keys.job(job_id)))

@@ -13,10 +13,10 @@ import sys
 import click
 
 from resumeq import heap
-from resumeq.cli import jobs, spill, tools, workers
+from resumeq.cli import jobs, server, spill, tools, workers
 from resumeq.cli._base import cli
 
-__all__ = ["cli", "jobs", "main", "spill", "tools", "workers"]
+__all__ = ["cli", "jobs", "main", "server", "spill", "tools", "workers"]
 
 
 def main() -> None:

@@ -4,7 +4,8 @@
 -- KEYS[5] totals hash   KEYS[6] idempotency key (optional)
 -- ARGV[1] job id   ARGV[2] spec JSON   ARGV[3] prompt hash   ARGV[4] budget tokens
 -- ARGV[5] floor tokens   ARGV[6] queue name   ARGV[7] idempotency key as given
--- ARGV[8] request id
+-- ARGV[8] request id   ARGV[9] the principal that creates it ('' for none: the HTTP
+--   service's producers see only the jobs they created)
 -- Answers: {'created', id} | {'exists', id} | {'idempotency_conflict', id} | {'id_taken', id}
 local job, queued, outbox, pending, totals, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, hash, queue = ARGV[1], ARGV[3], ARGV[6]
@@ -35,6 +36,9 @@ redis.call('HSET', job,
   'counts_exact', '1', 'revision', '0', 'attempt', '0', 'spill_count', '0',
   'created_ms', fmt(now), 'updated_ms', fmt(now))
 stamp(job, ARGV[8])
+if ARGV[9] and ARGV[9] ~= '' then
+  redis.call('HSET', job, 'owner', ARGV[9])
+end
 redis.call('ZADD', queued, fmt(now), id)
 redis.call('HINCRBY', totals, 'jobs:created', 1)
 next_attempt_due(job, outbox, pending, id, queue, '1', now, now)

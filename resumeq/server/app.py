@@ -1,0 +1,370 @@
+"""The HTTP service's routes (SPEC §18): jobs, their event streams, stats and health.
+
+Every operation is the one the CLI and :class:`~resumeq.client.Client` run — the store's
+scripts, :func:`~resumeq.producer.enqueue_job`, :mod:`resumeq.ops` — called in a worker
+thread (they are synchronous and re-send what Redis did not answer); event streams read
+Redis with ``redis.asyncio`` (:class:`~resumeq.async_client.AsyncClient`). Nothing is done
+differently for HTTP.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, ParamSpec, TypeVar
+
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from resumeq import keys
+from resumeq.async_client import AsyncClient
+from resumeq.errors import (
+    ConfigError,
+    IdempotencyConflict,
+    InvalidSpec,
+    InvalidTransition,
+    JobNotFound,
+    RedisUnavailable,
+    ResumeqError,
+)
+from resumeq.ops import stats, status_dict
+from resumeq.producer import enqueue_job
+from resumeq.server import sse
+from resumeq.server.auth import (
+    CAN_CREATE,
+    CAN_OPERATE,
+    CAN_READ_ALL,
+    Principal,
+    Tokens,
+    is_loopback,
+)
+from resumeq.server.problems import Problem
+from resumeq.settings import Role, Settings, load_settings
+from resumeq.spec import parse_spec
+from resumeq.store import DEFAULT_QUEUE, SPILL_QUEUE, Store, check_queue
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: An ``Idempotency-Key`` as a client may send it (it is kept under its principal's name).
+IDEMPOTENCY_HEADER_RE = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,128}$")
+#: A Redis outage: try again this soon.
+RETRY_AFTER_S = "1"
+
+
+class Service:
+    """What the routes share: the settings, the tokens, a synchronous store for the
+    operations, and an asyncio client for the event streams (opened with the app)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.server = settings.file.server
+        self.tokens = Tokens(self.server.tokens)
+        self.store = Store.from_url(
+            settings.redis_url, settings=settings.file.store, limits=settings.file.limits
+        )
+        self.client: AsyncClient | None = None
+
+    async def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """A synchronous operation, in a worker thread."""
+        return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        self.store.redis.close()
+
+
+def service(request: Request) -> Service:
+    svc: Service = request.app.state.service
+    return svc
+
+
+def principal(request: Request, allowed: frozenset[Role] | None = None) -> Principal:
+    """The caller: 401 without a valid token, 403 when its role may not do this."""
+    who = service(request).tokens.principal(request.headers.get("authorization"))
+    if who is None:
+        raise Problem(
+            401,
+            "a valid bearer token is required (Authorization: Bearer TOKEN)",
+            headers={"WWW-Authenticate": 'Bearer realm="resumeq"'},
+        )
+    if allowed is not None and who.role not in allowed:
+        raise Problem(403, f"the {who.role} role may not do this")
+    return who
+
+
+def job_id_of(request: Request) -> str:
+    raw = str(request.path_params["job_id"])
+    try:
+        return keys.check_job_id(raw)
+    except ValueError:
+        raise Problem.field(404, "id", f"malformed job id {raw[:80]!r}") from None
+
+
+async def visible_job(request: Request, who: Principal, job_id: str) -> dict[str, Any]:
+    """The job's ``status --json`` object, if ``who`` may see it (else 404, as for a job
+    that does not exist: a producer learns nothing of others' jobs)."""
+    job = await service(request).run(status_dict, service(request).store, job_id)
+    if not who.sees(job.get("owner")):
+        raise Problem(404, f"no job {job_id}")
+    return job_json(job)
+
+
+def job_json(job: dict[str, Any]) -> dict[str, Any]:
+    base = f"/v1/jobs/{job['id']}"
+    return {
+        **job,
+        "links": {"self": base, "events": f"{base}/events", "cancel": f"{base}/cancel"},
+    }
+
+
+async def read_json(request: Request) -> Any:
+    """The request body as JSON: 415 for another media type, 413 past the configured
+    size (counted as it arrives, whatever Content-Length says), 400 if it does not parse."""
+    media = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    if media.lower() not in ("application/json", "application/problem+json", ""):
+        raise Problem.field(415, "Content-Type", f"expected application/json, not {media}")
+    limit = service(request).server.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise Problem(413, f"the body is over {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise Problem(413, f"the body is over {limit} bytes")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks), parse_constant=_no_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise Problem.field(400, "body", f"not valid JSON ({exc})") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+# -- jobs -------------------------------------------------------------------------------
+
+
+async def create_job(request: Request) -> Response:
+    who = principal(request, CAN_CREATE)
+    svc = service(request)
+    body = await read_json(request)
+    if not isinstance(body, dict):
+        raise Problem.field(422, "body", "a JSON object (a job spec) is expected")
+    queue = request.query_params.get("queue", DEFAULT_QUEUE)
+    try:
+        check_queue(queue)
+    except ValueError:
+        raise Problem.field(422, "queue", f"malformed queue name {queue[:80]!r}") from None
+    if queue == SPILL_QUEUE:
+        raise Problem.field(422, "queue", "jobs are not created on the spill lane")
+    key = _idempotency_key(request, body)
+    if key is not None:
+        # Kept under the caller's name: one producer's key never answers another's job.
+        body = {**body, "idempotency_key": f"{who.name}:{key}"}
+    spec = parse_spec(body, limits=svc.settings.file.limits)  # InvalidSpec: 422
+    if spec.provider not in svc.settings.file.providers:
+        known = ", ".join(sorted(svc.settings.file.providers)) or "none configured"
+        raise Problem.field(422, "provider", f"unknown provider {spec.provider!r} (known: {known})")
+    result = await svc.run(
+        enqueue_job, svc.store, svc.store.redis, spec, queue=queue, owner=who.name
+    )
+    if not result.created:
+        earlier = await svc.run(svc.store.get, result.id)
+        if earlier.spec.to_json() != spec.to_json() or earlier.queue != queue:
+            raise Problem.field(
+                422,
+                "Idempotency-Key",
+                f"{key!r} was used for job {result.id} with another body",
+            )
+    job = await visible_job(request, who, result.id)
+    status = 201 if result.created else 200
+    return JSONResponse(job, status, headers={"Location": job["links"]["self"]})
+
+
+def _idempotency_key(request: Request, body: dict[str, Any]) -> str | None:
+    header = request.headers.get("idempotency-key")
+    in_body = body.get("idempotency_key")
+    if header is not None:
+        header = header.strip().strip('"')  # the draft's form is a quoted string
+        if not IDEMPOTENCY_HEADER_RE.match(header):
+            raise Problem.field(400, "Idempotency-Key", "1 to 128 of A-Z a-z 0-9 _ . : @ / + = -")
+        if in_body is not None and in_body != header:
+            raise Problem.field(422, "idempotency_key", "differs from the Idempotency-Key header")
+        return header
+    if in_body is None:
+        return None
+    if not isinstance(in_body, str) or not IDEMPOTENCY_HEADER_RE.match(in_body):
+        raise Problem.field(422, "idempotency_key", "1 to 128 of A-Z a-z 0-9 _ . : @ / + = -")
+    return in_body
+
+
+async def get_job(request: Request) -> Response:
+    who = principal(request)
+    return JSONResponse(await visible_job(request, who, job_id_of(request)))
+
+
+async def job_events(request: Request) -> Response:
+    who = principal(request)
+    svc = service(request)
+    job_id = job_id_of(request)
+    after = _after(request)
+    job = await visible_job(request, who, job_id)
+    if after > job["revision"]:
+        raise Problem.field(
+            400,
+            "Last-Event-ID" if "last-event-id" in request.headers else "after",
+            f"revision {after} is beyond the job's last ({job['revision']})",
+        )
+    assert svc.client is not None
+    body = sse.follow(svc.client, job_id, after=after, keepalive_s=svc.server.keepalive_s)
+    return sse.EventStream(body, headers=sse.HEADERS)
+
+
+def _after(request: Request) -> int:
+    """Where a follower resumes: ``Last-Event-ID`` (what a reconnecting EventSource
+    sends), else ``?after=``, else from the start."""
+    for field, raw in (
+        ("Last-Event-ID", request.headers.get("last-event-id")),
+        ("after", request.query_params.get("after")),
+    ):
+        if raw is None:
+            continue
+        value = raw.strip()
+        if not value.isdigit() or len(value) > 18:
+            raise Problem.field(
+                400, field, f"a revision (an integer of at least 0), not {raw[:40]!r}"
+            )
+        return int(value)
+    return 0
+
+
+async def cancel_job(request: Request) -> Response:
+    who = principal(request, CAN_CREATE)
+    svc = service(request)
+    job_id = job_id_of(request)
+    await visible_job(request, who, job_id)
+    await svc.run(svc.store.cancel, job_id, reason=f"cancelled by {who.name} over HTTP")
+    return JSONResponse(await visible_job(request, who, job_id))
+
+
+async def delete_job(request: Request) -> Response:
+    principal(request, CAN_OPERATE)
+    svc = service(request)
+    job_id = job_id_of(request)
+    await svc.run(svc.store.get, job_id)  # 404 for an unknown job
+    await svc.run(svc.store.purge, job_id)
+    return Response(status_code=204)
+
+
+# -- the service ----------------------------------------------------------------------------
+
+
+async def get_stats(request: Request) -> Response:
+    principal(request, CAN_READ_ALL)
+    svc = service(request)
+    return JSONResponse(await svc.run(stats, svc.store))
+
+
+async def healthz(request: Request) -> Response:
+    svc = service(request)
+    if not svc.server.public_metrics:
+        principal(request, CAN_READ_ALL)
+    await svc.run(svc.store.ping)
+    return JSONResponse({"status": "ok", "redis": "reachable"})
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+def _problem(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, Problem):
+        return exc.response(request.url.path)
+    if isinstance(exc, HTTPException):
+        return Problem(exc.status_code, str(exc.detail)).response(request.url.path)
+    return _from_resumeq(exc).response(request.url.path)
+
+
+def _from_resumeq(exc: Exception) -> Problem:
+    if isinstance(exc, InvalidSpec):
+        return Problem(422, str(exc), errors=[(e.field, e.message) for e in exc.errors])
+    if isinstance(exc, JobNotFound):
+        return Problem(404, f"no job {exc.job_id}" if exc.job_id else str(exc))
+    if isinstance(exc, IdempotencyConflict):
+        return Problem.field(422, "Idempotency-Key", str(exc))
+    if isinstance(exc, InvalidTransition):
+        return Problem(409, str(exc))
+    if isinstance(exc, RedisUnavailable):
+        return Problem(503, f"Redis is unreachable: {exc}", headers={"Retry-After": RETRY_AFTER_S})
+    log.exception("request failed", exc_info=exc)
+    return Problem(500, f"{type(exc).__name__}: the server failed; its log says more")
+
+
+async def _handle(request: Request, exc: Exception) -> Response:
+    return _problem(request, exc)
+
+
+# -- the app --------------------------------------------------------------------------------
+
+
+def create_app(settings: Settings) -> Starlette:
+    """The ASGI app for ``settings``."""
+    svc = Service(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        svc.client = AsyncClient.from_url(
+            settings.redis_url, settings=settings.file.store, limits=settings.file.limits
+        )
+        try:
+            yield
+        finally:
+            await svc.client.aclose()
+            svc.close()
+
+    routes = [
+        Route("/v1/jobs", create_job, methods=["POST"]),
+        Route("/v1/jobs/{job_id}", get_job, methods=["GET"]),
+        Route("/v1/jobs/{job_id}", delete_job, methods=["DELETE"]),
+        Route("/v1/jobs/{job_id}/events", job_events, methods=["GET"]),
+        Route("/v1/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
+        Route("/v1/stats", get_stats, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+    ]
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        Problem: _handle,
+        HTTPException: _handle,
+        ResumeqError: _handle,
+        Exception: _handle,
+    }
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    app.state.service = svc
+    return app
+
+
+def app_from_env() -> Starlette:
+    """The app for ``RESUMEQ_REDIS_URL`` and ``RESUMEQ_CONFIG`` (uvicorn's factory)."""
+    try:
+        return create_app(load_settings())
+    except ConfigError as exc:
+        raise SystemExit(f"resumeq serve: {exc}") from None
+
+
+def check_exposure(settings: Settings, host: str) -> None:
+    """Refuse to serve on a non-loopback address with no token configured."""
+    if not settings.file.server.tokens and not is_loopback(host):
+        raise ConfigError(
+            f"refusing to serve on {host} with no [server] tokens: anyone who can reach it "
+            "could read every job (add tokens with `resumeq token new`, or bind to 127.0.0.1)"
+        )

@@ -1,0 +1,489 @@
+"""``resumeq serve`` end to end: a real uvicorn process on loopback, real workers, the fake
+provider over HTTP, a real redis-server. Followers read the event stream as a browser's
+EventSource does, over real sockets (an in-process transport would buffer the stream)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from resumeq.fake import FakeProvider
+from resumeq.store import Store
+from resumeq.testing import RedisServer
+from resumeq.testing.processes import Cluster, Proc, wait_for, write_config
+from resumeq.testing.redis_server import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+TOKENS = {
+    "web": ("producer", "web-app"),
+    "other": ("producer", "other-app"),
+    "ops": ("operator", "ops"),
+    "dash": ("viewer", "dash"),
+}
+
+
+def secret(who: str) -> str:
+    return f"rq_test_token_for_{who}"
+
+
+def auth(who: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret(who)}"} if who else {}
+
+
+@dataclass
+class Api:
+    base: str
+    store: Store
+    fake: FakeProvider
+    cluster: Cluster
+    server: Proc
+    clients: dict[str, httpx.Client] = field(default_factory=dict)
+
+    def as_(self, who: str | None) -> httpx.Client:
+        key = who or ""
+        if key not in self.clients:
+            self.clients[key] = httpx.Client(base_url=self.base, headers=auth(who), timeout=30)
+        return self.clients[key]
+
+    def create(self, prompt: str, who: str = "web", **over: Any) -> dict[str, Any]:
+        spec = {"prompt": prompt, "provider": "fake", "model": "m", "budget_tokens": 2000}
+        response = self.as_(who).post("/v1/jobs", json={**spec, **over})
+        assert response.status_code == 201, response.text
+        job: dict[str, Any] = response.json()
+        return job
+
+    def canonical(self, prompt: str) -> str:
+        return self.fake.canonical_text([{"role": "user", "content": prompt}])
+
+    def wait_state(self, job_id: str, states: set[str], timeout_s: float = 30) -> str:
+        def reached() -> str | None:
+            state = self.store.get(job_id).state.value
+            return state if state in states else None
+
+        return str(wait_for(reached, timeout_s=timeout_s, what=f"{job_id} in {states}"))
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
+    tmp = tmp_path_factory.mktemp("serve")
+    with RedisServer() as redis_server, FakeProvider(completion_tokens=300) as fake:
+        profile = {
+            "kind": "openai",
+            "base_url": fake.openai_base_url,
+            "continue_mode": "instruction",
+            "counting": "usage",
+            "stall_timeout_s": 2.0,
+        }
+        tokens = [
+            {"sha256": hashlib.sha256(secret(w).encode()).hexdigest(), "role": r, "name": n}
+            for w, (r, n) in TOKENS.items()
+        ]
+        port = free_port()
+        config = write_config(
+            tmp / "resumeq.toml",
+            {
+                "providers": {"fake": profile},
+                "worker": {"flush_tokens": 8, "flush_ms": 100, "lease_ttl_ms": 2000},
+                "janitor": {"interval_s": 0.3},
+                "server": {
+                    "port": port,
+                    "tokens": tokens,
+                    "max_body_bytes": 65536,
+                    "keepalive_s": 0.5,
+                },
+            },
+        )
+        cluster = Cluster(tmp, redis_url=redis_server.url, config=config)
+        try:
+            cluster.worker(concurrency=8)
+            cluster.worker(concurrency=8)
+            cluster.janitor(interval_s=0.3)
+            server = cluster.command("serve")
+            base = f"http://127.0.0.1:{port}"
+            wait_for(lambda: _up(base), timeout_s=30, what="resumeq serve")
+            api = Api(base, Store.from_url(redis_server.url), fake, cluster, server)
+            yield api
+            for client in api.clients.values():
+                client.close()
+        finally:
+            cluster.stop()
+
+
+def _up(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/healthz", headers=auth("dash"), timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture(autouse=True)
+def clean(api: Api) -> None:
+    api.fake.reset()
+    api.fake.token_delay_ms = 0
+
+
+# -- an EventSource, over a real socket ---------------------------------------------------
+
+
+@dataclass
+class Event:
+    id: str | None
+    event: str
+    data: dict[str, Any]
+
+
+def read_events(
+    api: Api,
+    job_id: str,
+    who: str = "web",
+    *,
+    last_event_id: str | None = None,
+    stop_after: int | None = None,
+    timeout_s: float = 30,
+) -> tuple[list[Event], bool]:
+    """Read the job's stream as EventSource does: answers the events and whether the
+    stream ended with ``end``; drops the connection after ``stop_after`` deltas."""
+    headers = {**auth(who), "Accept": "text/event-stream"}
+    if last_event_id is not None:
+        headers["Last-Event-ID"] = last_event_id
+    events: list[Event] = []
+    deltas = 0
+    with (
+        httpx.Client(base_url=api.base, timeout=timeout_s) as client,
+        client.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers) as response,
+    ):
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["x-accel-buffering"] == "no"
+        current: dict[str, str] = {}
+        for line in response.iter_lines():
+            if line.startswith(":"):
+                continue
+            if line:
+                name, _, value = line.partition(":")
+                current[name] = value.removeprefix(" ")
+                continue
+            if not current:
+                continue
+            events.append(Event(current.get("id"), current["event"], json.loads(current["data"])))
+            current = {}
+            if events[-1].event == "end":
+                return events, True
+            if events[-1].event == "delta":
+                deltas += 1
+                if stop_after is not None and deltas >= stop_after:
+                    return events, False
+    return events, False
+
+
+def text_of(events: list[Event]) -> str:
+    return "".join(e.data["text"] for e in events if e.event == "delta")
+
+
+# -- jobs ----------------------------------------------------------------------------------
+
+
+def test_create_get_and_follow_a_job_to_its_end(api: Api) -> None:
+    prompt = "Describe the harbour's cranes at dusk."
+    response = api.as_("web").post(
+        "/v1/jobs", json={"prompt": prompt, "provider": "fake", "model": "m", "budget_tokens": 900}
+    )
+    assert response.status_code == 201
+    job = response.json()
+    assert response.headers["location"] == f"/v1/jobs/{job['id']}" == job["links"]["self"]
+    assert job["owner"] == "web-app" and job["state"] in ("queued", "running", "done")
+    events, ended = read_events(api, job["id"])
+    assert ended and events[-1].data == {"state": "done"}
+    assert text_of(events) == api.canonical(prompt)
+    revisions = [int(e.id) for e in events if e.id is not None]
+    assert revisions == sorted(revisions)
+    got = api.as_("web").get(f"/v1/jobs/{job['id']}").json()
+    assert got["state"] == "done" and got["text"] == api.canonical(prompt)
+    assert got["attempts"] and got["summary"]["output_tokens_billed"] > 0
+
+
+def test_a_follower_that_drops_three_times_gets_the_text_exactly_once(api: Api) -> None:
+    prompt = "Write the long log of a ship that loses its way twice."
+    api.fake.token_delay_ms = 4
+    api.fake.add_faults(
+        [
+            {"kind": "disconnect", "after_tokens": 90, "match": prompt},
+            {"kind": "disconnect", "after_tokens": 80, "match": prompt},
+        ]
+    )
+    job = api.create(prompt)
+    seen: list[Event] = []
+    last: str | None = None
+    for _ in range(3):  # drop the connection mid-stream, three times
+        events, ended = read_events(api, job["id"], last_event_id=last, stop_after=4)
+        assert not ended
+        seen += events
+        last = next(e.id for e in reversed(seen) if e.id is not None)
+    events, ended = read_events(api, job["id"], last_event_id=last)
+    seen += events
+    assert ended
+    assert text_of(seen) == api.canonical(prompt)  # every byte once, nothing repeated
+    record = api.store.get(job["id"])
+    assert record.attempt == 3  # the job itself was cut twice and resumed
+
+
+def test_followers_before_during_and_after_a_job_agree(api: Api) -> None:
+    prompt = "Recount the storm that cut the ferry's radio twice."
+    api.fake.token_delay_ms = 3
+    api.fake.add_faults(
+        [
+            {"kind": "disconnect", "after_tokens": 60, "match": prompt},
+            {"kind": "truncate", "after_tokens": 70, "match": prompt},
+        ]
+    )
+    job = api.create(prompt)
+    texts: dict[str, str] = {}
+
+    def follow(name: str, delay_s: float) -> None:
+        time.sleep(delay_s)
+        events, ended = read_events(api, job["id"])
+        assert ended
+        texts[name] = text_of(events)
+
+    threads = [
+        threading.Thread(target=follow, args=(name, delay))
+        for name, delay in (("before", 0.0), ("during", 0.5))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    api.wait_state(job["id"], {"done"})
+    follow("after", 0.0)
+    assert texts == dict.fromkeys(("before", "during", "after"), api.canonical(prompt))
+    # From ?after=REV: exactly the text after that revision.
+    whole, _ = read_events(api, job["id"])
+    middle = whole[len(whole) // 2]
+    assert middle.id is not None
+    rest, ended = read_events(api, job["id"], last_event_id=middle.id)
+    assert ended
+    before = [e for e in whole if e.id is not None and int(e.id) <= int(middle.id)]
+    assert text_of(before) + text_of(rest) == api.canonical(prompt)
+
+
+def test_idempotency_key_same_body_same_job_other_body_422(api: Api) -> None:
+    spec = {"prompt": "Name three lighthouses.", "provider": "fake", "model": "m",
+            "budget_tokens": 300}  # fmt: skip
+    headers = {"Idempotency-Key": "order-1842"}
+    first = api.as_("web").post("/v1/jobs", json=spec, headers=headers)
+    again = api.as_("web").post("/v1/jobs", json=spec, headers=headers)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    other = api.as_("web").post("/v1/jobs", json={**spec, "budget_tokens": 301}, headers=headers)
+    assert other.status_code == 422
+    assert other.headers["content-type"] == "application/problem+json"
+    assert other.json()["errors"][0]["field"] == "Idempotency-Key"
+    # Another producer's same key is its own: a new job, never the first one's.
+    theirs = api.as_("other").post("/v1/jobs", json=spec, headers=headers)
+    assert theirs.status_code == 201 and theirs.json()["id"] != first.json()["id"]
+
+
+def test_cancel_and_purge(api: Api) -> None:
+    api.fake.token_delay_ms = 20
+    job = api.create("A very long answer nobody will wait for.")
+    wait_for(lambda: api.store.get(job["id"]).spent_output_tokens > 0, timeout_s=20)
+    cancelled = api.as_("web").post(f"/v1/jobs/{job['id']}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+    again = api.as_("web").post(f"/v1/jobs/{job['id']}/cancel")
+    assert again.status_code == 409 and "cancelled" in again.json()["detail"]
+    assert api.as_("web").delete(f"/v1/jobs/{job['id']}").status_code == 403
+    assert api.as_("ops").delete(f"/v1/jobs/{job['id']}").status_code == 204
+    assert api.as_("ops").get(f"/v1/jobs/{job['id']}").status_code == 404
+
+
+# -- who may do what -------------------------------------------------------------------------
+
+
+def test_the_role_matrix(api: Api) -> None:
+    job = api.create("Whose job is this?", budget_tokens=50)
+    api.wait_state(job["id"], {"done"})
+    jid = job["id"]
+    expected = {
+        # what:                            web  other  ops  dash  none  bad
+        ("GET", f"/v1/jobs/{jid}"): (200, 404, 200, 200, 401, 401),
+        ("GET", f"/v1/jobs/{jid}/events"): (200, 404, 200, 200, 401, 401),
+        ("POST", f"/v1/jobs/{jid}/cancel"): (409, 404, 409, 403, 401, 401),
+        ("GET", "/v1/stats"): (403, 403, 200, 200, 401, 401),
+        ("GET", "/healthz"): (403, 403, 200, 200, 401, 401),
+        ("POST", "/v1/jobs"): (201, 201, 201, 403, 401, 401),
+        ("DELETE", "/v1/jobs/no-such-job"): (403, 403, 404, 403, 401, 401),
+    }
+    body = {"prompt": "Matrix.", "provider": "fake", "model": "m", "budget_tokens": 20}
+    for (method, path), statuses in expected.items():
+        got = []
+        for who in ("web", "other", "ops", "dash", None, "bad"):
+            headers = auth(who) if who != "bad" else {"Authorization": "Bearer rq_wrong"}
+            kwargs: dict[str, Any] = {"json": body} if method == "POST" else {}
+            with httpx.Client(base_url=api.base, timeout=30) as client:
+                response = client.request(method, path, headers=headers, **kwargs)
+            got.append(response.status_code)
+            if response.status_code >= 400:
+                assert response.headers["content-type"] == "application/problem+json", path
+        assert tuple(got) == statuses, (method, path, got)
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field_"),
+    [
+        (b"{not json", 400, "body"),
+        (b"[1, 2]", 422, "body"),
+        (b'{"prompt": "x", "provider": "fake", "model": "m", "budget_tokens": NaN}', 400, "body"),
+        (b'{"prompt": "x", "provider": "nope", "model": "m", "budget_tokens": 5}', 422, "provider"),
+        (
+            b'{"prompt": "x", "provider": "fake", "model": "m", "budget_tokens": -5}',
+            422,
+            "budget_tokens",
+        ),
+        (
+            b'{"prompt": "x", "provider": "fake", "model": "m", "budget_tokens": 5,'
+            b' "base_url": "http://evil"}',
+            422,
+            "base_url",
+        ),
+        (
+            b'{"prompt": "x", "provider": "fake", "model": "m", "budget_tokens": 5,'
+            b' "headers": {"x": "y"}}',
+            422,
+            "headers",
+        ),
+    ],
+)
+def test_a_bad_body_is_a_problem_naming_the_field_and_nothing_is_written(
+    api: Api, body: bytes, status: int, field_: str
+) -> None:
+    before = api.store.redis.dbsize()
+    response = api.as_("web").post(
+        "/v1/jobs", content=body, headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == status, response.text
+    problem = response.json()
+    assert response.headers["content-type"] == "application/problem+json"
+    assert problem["status"] == status and field_ in problem["detail"]
+    assert api.store.redis.dbsize() == before
+
+
+def test_sizes_ids_revisions_and_media_types(api: Api) -> None:
+    web = api.as_("web")
+    huge = {"prompt": "x" * 70_000, "provider": "fake", "model": "m", "budget_tokens": 5}
+    assert web.post("/v1/jobs", json=huge).status_code == 413
+    assert web.post("/v1/jobs", content=b"prompt=x",
+                    headers={"Content-Type": "text/plain"}).status_code == 415  # fmt: skip
+    odd = web.get("/v1/jobs/a%20b%7Bc")
+    assert odd.status_code == 404 and odd.json()["errors"][0]["field"] == "id"
+    assert web.get("/v1/jobs/nosuchjob").status_code == 404
+    job = api.create("Revisions.", budget_tokens=30)
+    api.wait_state(job["id"], {"done"})
+    revision = api.store.get(job["id"]).revision
+    for headers, params, name in (
+        ({"Last-Event-ID": "abc"}, {}, "Last-Event-ID"),
+        ({}, {"after": "-1"}, "after"),
+        ({"Last-Event-ID": str(revision + 5)}, {}, "Last-Event-ID"),
+    ):
+        response = web.get(f"/v1/jobs/{job['id']}/events", headers=headers, params=params)
+        assert response.status_code == 400, (headers, params)
+        assert response.json()["errors"][0]["field"] == name
+    assert web.post("/v1/jobs", json={}, headers={"Idempotency-Key": "sp ace"}).status_code == 400
+
+
+def test_a_server_on_a_public_address_with_no_tokens_refuses_to_start(
+    api: Api, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path / "open.toml", {"server": {"host": "0.0.0.0"}})
+    cluster = Cluster(tmp_path, redis_url=api.cluster.env["RESUMEQ_REDIS_URL"], config=config)
+    try:
+        proc = cluster.command("serve", "--port", str(free_port()))
+        assert proc.wait(timeout=30) == 1
+        assert "refusing to serve on 0.0.0.0 with no [server] tokens" in proc.output()
+    finally:
+        cluster.stop()
+
+
+def test_redis_down_is_a_503_with_retry_after_not_a_hung_request(api: Api, tmp_path: Path) -> None:
+    port = free_port()
+    config = write_config(
+        tmp_path / "down.toml",
+        {"providers": {"fake": {"kind": "openai", "base_url": api.fake.openai_base_url}},
+         "server": {"port": port}},
+    )  # fmt: skip
+    dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    cluster = Cluster(tmp_path, redis_url=dead, config=config)
+    try:
+        cluster.command("serve")
+        base = f"http://127.0.0.1:{port}"
+
+        def answers() -> httpx.Response | None:
+            try:
+                return httpx.get(f"{base}/healthz", timeout=10)
+            except httpx.TransportError:
+                return None
+
+        health = wait_for(answers, timeout_s=30, what="the server")
+        assert health.status_code == 503 and health.headers["retry-after"] == "1"
+        assert health.json()["detail"].startswith("Redis is unreachable")
+        spec = {"prompt": "x", "provider": "fake", "model": "m", "budget_tokens": 5}
+        began = time.monotonic()
+        for method, path, kwargs in (
+            ("POST", "/v1/jobs", {"json": spec}),
+            ("GET", "/v1/jobs/abc", {}),
+            ("GET", "/v1/jobs/abc/events", {}),
+        ):
+            response = httpx.request(method, f"{base}{path}", timeout=20, **kwargs)
+            assert response.status_code == 503, (path, response.text)
+            assert response.headers["content-type"] == "application/problem+json"
+        assert time.monotonic() - began < 20
+    finally:
+        cluster.stop()
+
+
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=30)
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+SPEC_FIELDS = ["prompt", "messages", "provider", "model", "budget_tokens", "floor_tokens",
+               "exit", "params", "metadata", "hooks", "idempotency_key", "system"]  # fmt: skip
+bodies = st.dictionaries(st.sampled_from(SPEC_FIELDS) | st.text(max_size=10), json_values,
+                         max_size=7)  # fmt: skip
+
+
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(body=bodies | json_values)
+def test_any_body_is_answered_never_a_500(api: Api, body: Any) -> None:
+    response = api.as_("web").post("/v1/jobs", json=body)
+    assert response.status_code in (200, 201, 400, 413, 422), response.text
+    if response.status_code >= 400:
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["detail"]

@@ -238,6 +238,38 @@ def spill_list(
     return [spill_entry(store, r) for r in spilled_records(store, where, limit=limit)]
 
 
+def spill_page(
+    store: Store,
+    where: SpillFilter | None = None,
+    *,
+    limit: int = 50,
+    after: tuple[int, str] | None = None,
+) -> tuple[list[dict[str, Any]], tuple[int, str] | None]:
+    """One page of the spilled jobs that match, oldest spill first, after the position
+    ``after`` (a spill time and id, what the previous page answered): the entries, and the
+    position to go on from (None: the lane has no more)."""
+    where = where or SpillFilter()
+    now_ms = int(time.time() * 1000)
+    found: list[dict[str, Any]] = []
+    position = after
+    while len(found) < limit:
+        batch = store.spilled_after(position, max(limit, 100))
+        if not batch:
+            return found, None
+        for job_id, spilled_ms in batch:
+            position = (spilled_ms, job_id)
+            try:
+                record = store.get(job_id)
+            except JobNotFound:
+                continue  # requeued or dropped meanwhile, or expired
+            if where.matches(record, now_ms):
+                found.append(spill_entry(store, record))
+                if len(found) == limit:
+                    more = store.spilled_after(position, 1)
+                    return found, position if more else None
+    return found, position
+
+
 def spill_detail(store: Store, job_id: str) -> dict[str, Any]:
     """Everything a person needs to judge a spilled job: its status, its ledger and the
     conversation it was asked (the prompt itself, not only its hash)."""

@@ -12,6 +12,7 @@ client must not retry on its own: see :mod:`resumeq.connection`).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -96,6 +97,10 @@ def check_queue(name: str) -> str:
     if not _QUEUE_RE.match(name):
         raise ValueError(f"malformed queue name {name!r}")
     return name
+
+
+def _spilled_page(r: redis.Redis, *, low: int | str, start: int, count: int) -> Any:
+    return r.zrangebyscore(keys.SPILLED, low, "+inf", start=start, num=count, withscores=True)
 
 
 def _check_owner(name: str) -> str:
@@ -312,6 +317,24 @@ class Store:
         """Ids of spilled jobs, oldest spill first."""
         ids = self._read("spilled", lambda r: r.zrange(keys.SPILLED, 0, limit - 1))
         return [_s(i) for i in ids]
+
+    def spilled_after(self, after: tuple[int, str] | None, count: int) -> list[tuple[str, int]]:
+        """``(job id, spilled ms)`` of up to ``count`` spilled jobs after ``after`` (a
+        spill time and id) in the spill index's order: oldest spill first, ties by id."""
+        low: int | str = after[0] if after is not None else "-inf"
+        found: list[tuple[str, int]] = []
+        offset = 0
+        while len(found) < count:
+            page = functools.partial(_spilled_page, low=low, start=offset, count=count)
+            rows = self._read("spilled", page)
+            if not rows:
+                break
+            offset += len(rows)
+            for member, score in rows:
+                entry = (_s(member), int(score))
+                if after is None or (entry[1], entry[0]) > after:
+                    found.append(entry)
+        return found[:count]
 
     def fail_unreadable(self, job_id: str, *, reason: str) -> int:
         """End a job whose record cannot be read back as ``failed`` (janitor only): no

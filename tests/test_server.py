@@ -324,13 +324,17 @@ def test_the_role_matrix(api: Api) -> None:
         ("GET", "/healthz"): (403, 403, 200, 200, 401, 401),
         ("POST", "/v1/jobs"): (201, 201, 201, 403, 401, 401),
         ("DELETE", "/v1/jobs/no-such-job"): (403, 403, 404, 403, 401, 401),
+        ("GET", "/v1/spill"): (403, 403, 200, 200, 401, 401),
+        ("GET", "/v1/spill/export"): (403, 403, 200, 403, 401, 401),
+        ("POST", f"/v1/spill/{jid}/requeue"): (403, 403, 409, 403, 401, 401),
+        ("POST", f"/v1/spill/{jid}/drop"): (403, 403, 409, 403, 401, 401),
     }
     body = {"prompt": "Matrix.", "provider": "fake", "model": "m", "budget_tokens": 20}
     for (method, path), statuses in expected.items():
         got = []
         for who in ("web", "other", "ops", "dash", None, "bad"):
             headers = auth(who) if who != "bad" else {"Authorization": "Bearer rq_wrong"}
-            kwargs: dict[str, Any] = {"json": body} if method == "POST" else {}
+            kwargs: dict[str, Any] = {"json": body} if path == "/v1/jobs" else {}
             with httpx.Client(base_url=api.base, timeout=30) as client:
                 response = client.request(method, path, headers=headers, **kwargs)
             got.append(response.status_code)
@@ -487,3 +491,63 @@ def test_any_body_is_answered_never_a_500(api: Api, body: Any) -> None:
     if response.status_code >= 400:
         assert response.headers["content-type"] == "application/problem+json"
         assert response.json()["detail"]
+
+
+# -- the spill lane ----------------------------------------------------------------------------
+
+
+def test_the_spill_lane_pages_exports_requeues_and_drops(api: Api) -> None:
+    prompts = [f"Spill lane case {n}: describe the quay." for n in range(3)]
+    api.fake.add_faults([{"kind": "disconnect", "after_tokens": 20, "match": p} for p in prompts])
+    jobs = [api.create(p, exit={"on_cut": "spill"}) for p in prompts]
+    for job in jobs:
+        api.wait_state(job["id"], {"spilled"})
+    ours = {job["id"] for job in jobs}
+    where = {"reason": "on_cut is spill", "provider": "fake"}
+    first = api.as_("dash").get("/v1/spill", params={**where, "limit": 2})
+    assert first.status_code == 200
+    page = first.json()
+    assert len(page["items"]) == 2 and page["next_cursor"]
+    rest = api.as_("dash").get(
+        "/v1/spill", params={**where, "limit": 2, "cursor": page["next_cursor"]}
+    )
+    listed = page["items"] + rest.json()["items"]
+    assert {item["id"] for item in listed} >= ours and rest.json()["next_cursor"] is None
+    assert len({item["id"] for item in listed}) == len(listed)  # no job twice across pages
+    entry = next(item for item in listed if item["id"] == jobs[0]["id"])
+    assert set(entry) >= {"id", "reason", "spilled_at", "prefix_chars", "provider", "queue"}
+    assert entry["prefix_chars"] > 0
+
+    export = api.as_("ops").get("/v1/spill/export", params=where)
+    assert export.status_code == 200
+    assert export.headers["content-type"].startswith("application/x-ndjson")
+    lines = [json.loads(line) for line in export.text.splitlines()]
+    exported = {line["id"]: line for line in lines}
+    assert ours <= set(exported)
+    assert exported[jobs[0]["id"]]["messages"][0]["content"] == prompts[0]
+
+    # Bad requeues: named, nothing changed.
+    spilled = jobs[0]["id"]
+    for body, name in (
+        ({"provider": "nope"}, "provider"),
+        ({"to": "resumeq-spill"}, "to"),
+        ({"to": "bad queue"}, "to"),
+        ({"budget": 9}, "budget"),
+    ):
+        response = api.as_("ops").post(f"/v1/spill/{spilled}/requeue", json=body)
+        assert response.status_code == 422 and response.json()["errors"][0]["field"] == name
+    assert api.store.get(spilled).state.value == "spilled"
+    assert api.as_("dash").post(f"/v1/spill/{spilled}/requeue").status_code == 403
+    assert api.as_("web").get("/v1/spill").status_code == 403
+
+    requeued = api.as_("ops").post(f"/v1/spill/{spilled}/requeue", json={"to": "resumeq"})
+    assert requeued.status_code == 200 and requeued.json()["state"] == "queued"
+    api.wait_state(spilled, {"done"})
+    assert api.store.text(spilled) == api.canonical(prompts[0])
+    assert api.as_("ops").post(f"/v1/spill/{spilled}/requeue").status_code == 409  # done
+
+    dropped = api.as_("ops").post(f"/v1/spill/{jobs[1]['id']}/drop")
+    assert dropped.status_code == 200 and dropped.json()["state"] == "dropped"
+    for params in ({"limit": "0"}, {"limit": "x"}, {"cursor": "nonsense"}):
+        response = api.as_("dash").get("/v1/spill", params=params)
+        assert response.status_code == 400, params

@@ -21,7 +21,7 @@ import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from resumeq import keys
@@ -35,7 +35,15 @@ from resumeq.errors import (
     RedisUnavailable,
     ResumeqError,
 )
-from resumeq.ops import stats, status_dict
+from resumeq.ops import (
+    SpillFilter,
+    drop_spilled,
+    requeue_spilled,
+    spill_detail,
+    spill_page,
+    stats,
+    status_dict,
+)
 from resumeq.producer import enqueue_job
 from resumeq.server import sse
 from resumeq.server.auth import (
@@ -268,6 +276,113 @@ async def delete_job(request: Request) -> Response:
     return Response(status_code=204)
 
 
+# -- the spill lane -------------------------------------------------------------------------
+
+#: The most entries one page of ``GET /v1/spill`` answers.
+SPILL_PAGE_MAX = 500
+
+
+async def spill_list(request: Request) -> Response:
+    principal(request, CAN_READ_ALL)
+    svc = service(request)
+    where = _spill_filter(request)
+    limit = _int_param(request, "limit", default=50, low=1, high=SPILL_PAGE_MAX)
+    after = _cursor(request.query_params.get("cursor"))
+    items, position = await svc.run(spill_page, svc.store, where, limit=limit, after=after)
+    next_cursor = f"{position[0]}.{position[1]}" if position is not None else None
+    return JSONResponse({"items": items, "next_cursor": next_cursor})
+
+
+def _spill_filter(request: Request) -> SpillFilter:
+    params = request.query_params
+    return SpillFilter(
+        reason=params.get("reason") or None,
+        provider=params.get("provider") or None,
+        queue=params.get("queue") or None,
+    )
+
+
+def _int_param(request: Request, name: str, *, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.strip().isdigit() or not low <= int(raw) <= high:
+        raise Problem.field(400, name, f"an integer from {low} to {high}, not {raw[:40]!r}")
+    return int(raw)
+
+
+def _cursor(raw: str | None) -> tuple[int, str] | None:
+    """A page's position, as the previous page answered it (``<spilled ms>.<job id>``)."""
+    if raw is None or raw == "":
+        return None
+    at, _, job_id = raw.partition(".")
+    try:
+        return int(at), keys.check_job_id(job_id)
+    except ValueError:
+        raise Problem.field(400, "cursor", "not a cursor a page of this list answered") from None
+
+
+async def spill_requeue(request: Request) -> Response:
+    who = principal(request, CAN_OPERATE)
+    svc = service(request)
+    job_id = job_id_of(request)
+    body = await read_json(request) if await _has_body(request) else {}
+    if not isinstance(body, dict):
+        raise Problem.field(422, "body", 'a JSON object ({"to"?, "provider"?}) is expected')
+    unknown = sorted(set(body) - {"to", "provider"})
+    if unknown:
+        raise Problem.field(422, unknown[0], "not a field of a requeue (to, provider)")
+    to, provider = body.get("to"), body.get("provider")
+    if to is not None:
+        if not isinstance(to, str) or to == SPILL_QUEUE:
+            raise Problem.field(422, "to", "a queue name other than the spill lane")
+        try:
+            check_queue(to)
+        except ValueError:
+            raise Problem.field(422, "to", f"malformed queue name {to[:80]!r}") from None
+    if provider is not None and (
+        not isinstance(provider, str) or provider not in svc.settings.file.providers
+    ):
+        known = ", ".join(sorted(svc.settings.file.providers)) or "none configured"
+        raise Problem.field(422, "provider", f"unknown provider {provider!r} (known: {known})")
+    await svc.run(requeue_spilled, svc.store, job_id, queue=to, provider=provider)
+    return JSONResponse(await visible_job(request, who, job_id))
+
+
+async def _has_body(request: Request) -> bool:
+    declared = request.headers.get("content-length")
+    return declared is None or declared != "0"
+
+
+async def spill_drop(request: Request) -> Response:
+    who = principal(request, CAN_OPERATE)
+    svc = service(request)
+    job_id = job_id_of(request)
+    await svc.run(drop_spilled, svc.store, job_id, reason=f"dropped by {who.name} over HTTP")
+    return JSONResponse(await visible_job(request, who, job_id))
+
+
+async def spill_export(request: Request) -> Response:
+    principal(request, CAN_OPERATE)
+    svc = service(request)
+    where = _spill_filter(request)
+
+    async def lines() -> AsyncIterator[str]:
+        after: tuple[int, str] | None = None
+        while True:
+            items, after = await svc.run(spill_page, svc.store, where, limit=100, after=after)
+            for item in items:
+                try:
+                    detail = await svc.run(spill_detail, svc.store, item["id"])
+                except JobNotFound:
+                    continue  # requeued or dropped while the export ran
+                yield json.dumps(detail, ensure_ascii=False) + "\n"
+            if after is None:
+                return
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
 # -- the service ----------------------------------------------------------------------------
 
 
@@ -339,6 +454,10 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/jobs/{job_id}", delete_job, methods=["DELETE"]),
         Route("/v1/jobs/{job_id}/events", job_events, methods=["GET"]),
         Route("/v1/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
+        Route("/v1/spill", spill_list, methods=["GET"]),
+        Route("/v1/spill/export", spill_export, methods=["GET"]),
+        Route("/v1/spill/{job_id}/requeue", spill_requeue, methods=["POST"]),
+        Route("/v1/spill/{job_id}/drop", spill_drop, methods=["POST"]),
         Route("/v1/stats", get_stats, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
     ]

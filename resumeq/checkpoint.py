@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from resumeq.errors import LeaseLost, RedisUnavailable
+from resumeq.metrics import Histogram
 from resumeq.models import Lease
 from resumeq.store import Store, request_id
 
@@ -71,6 +72,8 @@ class Checkpointer:
         self.flushed_chars = 0
         self.flushed_bytes = 0
         self.flushes = 0
+        #: Each flush's round trip, for the cluster-wide histogram (:mod:`resumeq.metrics`).
+        self.latency = Histogram()
         #: Whether every count of this attempt so far is exact.
         self.exact = True
         #: The label of the last write (None before the first).
@@ -128,6 +131,7 @@ class Checkpointer:
             batch = self._inflight or self._next_batch(settle)
             if batch is None:
                 return True
+            began = time.perf_counter()
             try:
                 result = self.store.flush(
                     self.lease,
@@ -142,6 +146,7 @@ class Checkpointer:
                 self._inflight = batch
                 self._unreachable(exc)
                 return False
+            self.latency.observe(time.perf_counter() - began)
             self._written(batch, revision=result.revision)
             if not retry:
                 return True

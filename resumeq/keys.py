@@ -36,6 +36,8 @@ ENDED = f"{PREFIX}:ended"
 #: Running totals over every ledger record written (tokens, attempts, cuts) and jobs ended
 #: by state: what ``stats`` and the metrics read, in O(1).
 TOTALS = f"{PREFIX}:totals"
+#: The histograms the workers add their observations to (:mod:`resumeq.metrics`).
+METRICS = f"{PREFIX}:metrics"
 #: RQ job id of a delayed attempt → the time it falls due (ms, Redis server time): the
 #: due-time index (:mod:`resumeq.due`); and the list that wakes a scheduler to look again.
 DUE = f"{PREFIX}:due"

@@ -96,6 +96,8 @@ class JobRecord(BaseModel):
     attempt_started_ms: int | None = None
     #: When the next (or current) attempt fell due: its enqueue, or the end of its delay.
     due_ms: int | None = None
+    #: When the last attempt was cut and the job went back to its queue.
+    cut_ms: int | None = None
     spilled_ms: int | None = None
     #: The fencing token of the attempt a janitor found dead.
     stalled_owner: str | None = None

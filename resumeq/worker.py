@@ -19,8 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC
 
+import redis
 from rq import get_current_job
 
+from resumeq import metrics
 from resumeq.checkpoint import Checkpointer
 from resumeq.context import WorkerContext, context
 from resumeq.continuation import RequestPlan, plan_request
@@ -45,6 +47,7 @@ from resumeq.errors import (
 from resumeq.exits import apply_decision
 from resumeq.gate import Cut, Decision, JobView, decide, pacing
 from resumeq.ledger import AttemptRecord
+from resumeq.metrics import FLUSH_LATENCY, RESUME_LATENCY, Histogram
 from resumeq.models import JobRecord, JobState, Lease
 from resumeq.providers import (
     ProviderClient,
@@ -108,6 +111,8 @@ class StreamResult:
     lost: BaseException | None = None
     #: When the provider answered (ms): its stream's headers, or its refusal.
     first_byte_ms: int | None = None
+    #: When the first text arrived (ms).
+    first_text_ms: int | None = None
 
 
 @dataclass
@@ -282,7 +287,7 @@ class AttemptRunner:
             decision.reason,
         )
         try:
-            return apply_decision(
+            state = apply_decision(
                 self.store,
                 self.ctx.redis,
                 ckpt.lease,
@@ -295,6 +300,22 @@ class AttemptRunner:
         except (WriteRefused, JobNotFound) as exc:
             self._record_stopped(call, result, started, exc, count=count)
             raise
+        self._record_metrics(call, result)
+        return state
+
+    def _record_metrics(self, call: _Call, result: StreamResult) -> None:
+        """This attempt's flush round trips, and for a continuation the time from its cut
+        to its first token, into the cluster-wide histograms (best effort)."""
+        resume = Histogram()
+        cut_ms = call.record.cut_ms
+        if call.record.attempt_kind == "resume" and cut_ms and result.first_text_ms:
+            resume.observe(max(0, result.first_text_ms - cut_ms) / 1000.0)
+        try:
+            metrics.record(
+                self.ctx.redis, {FLUSH_LATENCY: call.ckpt.latency, RESUME_LATENCY: resume}
+            )
+        except redis.RedisError as exc:
+            log.info("job %s: metrics not recorded: %s", call.record.id, exc)
 
     def _record_stopped(
         self,
@@ -453,6 +474,8 @@ class AttemptRunner:
         tally.exact = tally.exact and event.exact
         tally.reported = tally.reported or event.exact
         if isinstance(event, TextDelta):
+            if result.first_text_ms is None and event.text:
+                result.first_text_ms = _now_ms()
             result.received.append(event.text)
             ckpt.add(
                 splicer.feed(event.text, event.tokens), splicer.take_tokens(), exact=event.exact

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from resumeq.fake import FakeProvider
 from resumeq.store import Store
@@ -551,3 +552,66 @@ def test_the_spill_lane_pages_exports_requeues_and_drops(api: Api) -> None:
     for params in ({"limit": "0"}, {"limit": "x"}, {"cursor": "nonsense"}):
         response = api.as_("dash").get("/v1/spill", params=params)
         assert response.status_code == 400, params
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+def scrape(api: Api, who: str = "dash") -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    response = api.as_(who).get("/metrics")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            labels = tuple(sorted(sample.labels.items()))
+            samples.setdefault(sample.name, {})[labels] = sample.value
+    return samples
+
+
+def test_metrics_parse_and_their_token_totals_equal_the_ledgers(api: Api) -> None:
+    def quiet() -> bool:
+        live = api.store.live_counts()
+        return live["queued"] + live["running"] + live["stalled"] == 0
+
+    wait_for(quiet, timeout_s=60, what="no job in flight")
+    before = scrape(api)
+    prompts = [f"Metrics case {n}: the tides of the estuary." for n in range(4)]
+    api.fake.token_delay_ms = 1
+    api.fake.add_faults(
+        [{"kind": "disconnect", "after_tokens": 25 + 10 * n, "match": p} for n, p in
+         enumerate(prompts)]
+    )  # fmt: skip
+    jobs = [api.create(p) for p in prompts]
+    for job in jobs:
+        api.wait_state(job["id"], {"done"})
+    after = scrape(api)
+
+    def delta(name: str, **labels: str) -> float:
+        key = tuple(sorted(labels.items()))
+        return after.get(name, {}).get(key, 0.0) - before.get(name, {}).get(key, 0.0)
+
+    ledgers = [a for job in jobs for a in api.store.ledger(job["id"])]
+    billed_out = sum(a["output_tokens"] or a["output_tokens_persisted"] for a in ledgers)
+    billed_in = sum(a["input_tokens"] or 0 for a in ledgers)
+    cached = sum(a["cached_input_tokens"] or 0 for a in ledgers)
+    tokens = "resumeq_tokens_billed_total"
+    assert delta(tokens, provider="fake", type="output") == billed_out
+    assert delta(tokens, provider="fake", type="input") == billed_in - cached
+    assert delta(tokens, provider="fake", type="cached_input") == cached
+    assert delta("resumeq_output_tokens_needed_total", provider="fake") == sum(
+        a["output_tokens_persisted"] for a in ledgers
+    )
+    assert delta("resumeq_output_tokens_saved_total", provider="fake") > 0  # four cuts
+    assert delta("resumeq_cuts_total", provider="fake", cause="stream_cut") == 4
+    assert delta("resumeq_attempts_total", provider="fake", kind="resume", outcome="done") == 4
+    assert delta("resumeq_jobs", queue="resumeq", state="done") == 4
+    assert delta("resumeq_resume_latency_seconds_count") == 4
+    assert delta("resumeq_flush_latency_seconds_count") >= 8
+    buckets = after["resumeq_flush_latency_seconds_bucket"]
+    counts = [buckets[k] for k in sorted(buckets, key=lambda k: float(dict(k)["le"]))]
+    assert counts == sorted(counts)  # cumulative
+    assert set(after["resumeq_spill_depth"]) >= {(("reason", "on_cut"),), (("reason", "floor"),)}
+    text = api.as_("dash").get("/metrics").text
+    assert all(job["id"] not in text for job in jobs)  # no job id, as a name or a label
+    assert api.as_("web").get("/metrics").status_code == 403

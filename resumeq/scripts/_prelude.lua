@@ -146,9 +146,14 @@ local function add_totals(totals, by_provider, deltas)
   end
 end
 
--- A job reached a terminal state: counted, and indexed until its events are trimmed.
-local function ended(totals, ended_index, id, state, now)
+-- A job reached a terminal state: counted (in all, and by its queue), and indexed until
+-- its events are trimmed.
+local function ended(totals, ended_index, id, state, now, job)
   redis.call('HINCRBY', totals, 'jobs:' .. state, 1)
+  local queue = redis.call('HGET', job, 'queue')
+  if queue then
+    redis.call('HINCRBY', totals, 'queue_jobs:' .. queue .. ':' .. state, 1)
+  end
   redis.call('ZADD', ended_index, fmt(now), id)
 end
 

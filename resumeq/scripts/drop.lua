@@ -22,7 +22,7 @@ redis.call('HSET', job, 'state', 'dropped', 'reason', ARGV[1], 'finished_ms', fm
 stamp(job, ARGV[3])
 local rev = bump(job, now)
 redis.call('ZREM', spilled, id)
-ended(totals, ended_index, id, 'dropped', now)
+ended(totals, ended_index, id, 'dropped', now, job)
 outbox_clear(outbox, pending, id)
 event(events, rev, 'state', 'dropped', 'reason', ARGV[1])
 retire(ARGV[2], job, text, events, ledger)

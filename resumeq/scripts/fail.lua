@@ -28,7 +28,7 @@ local rev = (tonumber(redis.call('HGET', job, 'revision')) or 0) + 1
 redis.call('HSET', job, 'state', 'failed', 'error', ARGV[2], 'revision', fmt(rev),
   'updated_ms', fmt(now), 'finished_ms', fmt(now))
 redis.call('DEL', lease)
-ended(totals, ended_index, id, 'failed', now)
+ended(totals, ended_index, id, 'failed', now, job)
 event(events, rev, 'state', 'failed', 'error', ARGV[2])
 retire(ARGV[3], job, text, events, ledger)
 retire_idempotency(idem, id, ARGV[3])

@@ -46,7 +46,7 @@ redis.call('ZREM', stalled, id)
 if record_attempt(job, ledger, redis.call('HGET', job, 'attempt'), ARGV[6]) then
   add_totals(totals, by_provider, ARGV[9])
 end
-ended(totals, ended_index, id, to_state, now)
+ended(totals, ended_index, id, to_state, now, job)
 redis.call('HDEL', outbox, 'attempt')
 if to_state == 'done' and #ARGV >= 10 then
   -- One entry per hook, kept until the hook has run (hook_done): a run whose worker died

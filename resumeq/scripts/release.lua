@@ -64,6 +64,7 @@ if record_attempt(job, ledger, redis.call('HGET', job, 'attempt'), ARGV[5]) then
 end
 if to_state == 'queued' then
   redis.call('ZADD', queued, fmt(now), id)
+  redis.call('HSET', job, 'cut_ms', fmt(now))  -- a continuation's latency counts from here
   local due = now + (tonumber(ARGV[8]) or 0)
   next_attempt_due(job, outbox, pending, id, redis.call('HGET', job, 'queue'), next_attempt, due, now)
 elseif to_state == 'spilled' then
@@ -73,7 +74,7 @@ elseif to_state == 'spilled' then
   next_attempt_due(job, outbox, pending, id, ARGV[9], next_attempt, now, now)
 else
   redis.call('HSET', job, 'finished_ms', fmt(now))
-  ended(totals, ended_index, id, to_state, now)
+  ended(totals, ended_index, id, to_state, now, job)
   outbox_clear(outbox, pending, id)
   retire(ARGV[6], job, text, events, ledger)
   retire_idempotency(idem, id, ARGV[6])

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from resumeq import keys
+from resumeq import keys, metrics
 from resumeq.async_client import AsyncClient
 from resumeq.errors import (
     ConfigError,
@@ -392,6 +392,15 @@ async def get_stats(request: Request) -> Response:
     return JSONResponse(await svc.run(stats, svc.store))
 
 
+async def get_metrics(request: Request) -> Response:
+    svc = service(request)
+    if not svc.server.public_metrics:
+        principal(request, CAN_READ_ALL)
+    providers = list(svc.settings.file.providers)
+    text = await svc.run(metrics.render, svc.store, providers)
+    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
 async def healthz(request: Request) -> Response:
     svc = service(request)
     if not svc.server.public_metrics:
@@ -460,6 +469,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/spill/{job_id}/drop", spill_drop, methods=["POST"]),
         Route("/v1/stats", get_stats, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", get_metrics, methods=["GET"]),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         Problem: _handle,

@@ -615,3 +615,37 @@ def test_metrics_parse_and_their_token_totals_equal_the_ledgers(api: Api) -> Non
     text = api.as_("dash").get("/metrics").text
     assert all(job["id"] not in text for job in jobs)  # no job id, as a name or a label
     assert api.as_("web").get("/metrics").status_code == 403
+
+
+def test_followers_share_one_reader_and_leave_nothing_running(api: Api) -> None:
+    api.fake.token_delay_ms = 30
+    job = api.create("A slow answer for many followers at once.")
+    wait_for(lambda: api.store.get(job["id"]).spent_output_tokens > 0, timeout_s=20)
+    streams, readers = [], []
+    clients = [httpx.Client(base_url=api.base, timeout=30) for _ in range(5)]
+    try:
+        for client in clients:
+            stream = client.stream("GET", f"/v1/jobs/{job['id']}/events", headers=auth("web"))
+            response = stream.__enter__()
+            assert response.status_code == 200
+            lines = response.iter_lines()  # kept: a reader dropped closes its connection
+            assert next(lines) == ": following"
+            streams.append(stream)
+            readers.append(lines)
+
+        def gauges() -> tuple[float, float]:
+            samples = scrape(api)
+            return (
+                samples["resumeq_server_followers"][()],
+                samples["resumeq_server_feeds"][()],
+            )
+
+        assert wait_for(lambda: gauges() == (5, 1), timeout_s=10, what="5 followers, 1 reader")
+        for stream in streams:
+            stream.__exit__(None, None, None)  # the followers go away mid-stream
+    finally:
+        for client in clients:
+            client.close()
+    wait_for(lambda: gauges() == (0, 0), timeout_s=10, what="no follower and no reader left")
+    assert api.store.get(job["id"]).state.value == "running"  # the job itself goes on
+    api.as_("web").post(f"/v1/jobs/{job['id']}/cancel")

@@ -82,6 +82,7 @@ class Service:
             settings.redis_url, settings=settings.file.store, limits=settings.file.limits
         )
         self.client: AsyncClient | None = None
+        self.hub: sse.Hub | None = None
 
     async def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """A synchronous operation, in a worker thread."""
@@ -235,8 +236,15 @@ async def job_events(request: Request) -> Response:
             "Last-Event-ID" if "last-event-id" in request.headers else "after",
             f"revision {after} is beyond the job's last ({job['revision']})",
         )
-    assert svc.client is not None
-    body = sse.follow(svc.client, job_id, after=after, keepalive_s=svc.server.keepalive_s)
+    assert svc.hub is not None
+    record = await svc.run(svc.store.get, job_id)
+    body = sse.follow(
+        svc.hub,
+        job_id,
+        after=after,
+        keepalive_s=svc.server.keepalive_s,
+        trimmed=record.events_trimmed is not None,
+    )
     return sse.EventStream(body, headers=sse.HEADERS)
 
 
@@ -398,6 +406,16 @@ async def get_metrics(request: Request) -> Response:
         principal(request, CAN_READ_ALL)
     providers = list(svc.settings.file.providers)
     text = await svc.run(metrics.render, svc.store, providers)
+    hub = svc.hub
+    text += (
+        "# HELP resumeq_server_followers Event streams open on this server process.\n"
+        "# TYPE resumeq_server_followers gauge\n"
+        f"resumeq_server_followers {hub.followers if hub else 0}\n"
+        "# HELP resumeq_server_feeds Jobs whose events this server process reads (one "
+        "reader each, whatever the followers).\n"
+        "# TYPE resumeq_server_feeds gauge\n"
+        f"resumeq_server_feeds {len(hub.feeds) if hub else 0}\n"
+    )
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -451,9 +469,11 @@ def create_app(settings: Settings) -> Starlette:
         svc.client = AsyncClient.from_url(
             settings.redis_url, settings=settings.file.store, limits=settings.file.limits
         )
+        svc.hub = sse.Hub(svc.client)
         try:
             yield
         finally:
+            await svc.hub.close()
             await svc.client.aclose()
             svc.close()
 

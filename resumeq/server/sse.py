@@ -6,14 +6,17 @@ a spill, after which the stream closes. A client that reconnects with ``Last-Eve
 ``?after=``) gets exactly the text it has not seen: the revisions and the events are the
 ones :class:`~resumeq.client.EventCursor` reads for ``Client.follow``.
 
-A follower costs one task that reads the job's events while it is connected. The response
-listens for the client's disconnect itself, whatever ASGI version the server speaks, and
-the reader is cancelled with it: nothing is left running after a follower goes away.
+Followers of one job share one reader per process (:class:`Hub`): a thousand followers
+of a job cost one blocking read of Redis, not a thousand. The response listens for the
+client's disconnect itself, whatever ASGI version the server speaks; the follower leaves
+the hub at once, and the job's reader stops with its last follower: nothing is left
+running after followers go away.
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 from collections.abc import AsyncIterator
@@ -32,8 +35,6 @@ HEADERS = {
     "X-Accel-Buffering": "no",
     "Connection": "keep-alive",
 }
-#: How many events a slow follower may have waiting before its reader waits too.
-BUFFER = 256
 
 
 def event(name: str, revision: int | None, data: dict[str, Any]) -> str:
@@ -55,43 +56,123 @@ def frames(revision: int, fields: dict[str, str]) -> list[str]:
     return out
 
 
-async def follow(
-    client: AsyncClient, job_id: str, *, after: int, keepalive_s: float
-) -> AsyncIterator[str]:
-    """The stream's body: events after revision ``after`` until the job rests, with a
-    comment every ``keepalive_s`` while nothing happens. A read that fails (Redis gone,
-    the job purged) ends the stream; the client reconnects from its last id."""
-    queue: asyncio.Queue[tuple[int, dict[str, str]] | BaseException | None] = asyncio.Queue(BUFFER)
+class Feed:
+    """One job's events, read once for every follower of the job in this process: one
+    reader, from the job's first revision, keeping what it read (a job's events are its
+    text in pieces: bounded by the job), waking the followers as each arrives."""
 
-    async def read() -> None:
+    def __init__(self, client: AsyncClient, job_id: str) -> None:
+        self.job_id = job_id
+        self.entries: list[tuple[int, dict[str, str]]] = []
+        self.revisions: list[int] = []
+        self.done = False
+        self.error: BaseException | None = None
+        self.followers = 0
+        self._wake = asyncio.Event()
+        self._reader = asyncio.create_task(self._read(client), name=f"resumeq-feed:{job_id}")
+
+    async def _read(self, client: AsyncClient) -> None:
         try:
-            async for entry in client.events(job_id, after=after):
-                await queue.put(entry)
-            await queue.put(None)
-        except Exception as exc:  # ends the stream; the client reconnects
-            await queue.put(exc)
+            async for revision, fields in client.events(self.job_id, after=0):
+                self.entries.append((revision, fields))
+                self.revisions.append(revision)
+                self._notify()
+        except Exception as exc:  # the followers' streams end; their clients reconnect
+            self.error = exc
+        finally:
+            self.done = True
+            self._notify()
 
-    reader = asyncio.create_task(read(), name=f"resumeq-sse:{job_id}")
-    try:
-        yield ": following\n\n"  # the headers go out now, not with the first event
-        while True:
-            try:
-                item = await asyncio.wait_for(queue.get(), keepalive_s)
-            except TimeoutError:
-                yield ": keep-alive\n\n"
-                continue
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                yield f": stopped: {type(item).__name__}\n\n"
-                return
-            revision, fields = item
+    def _notify(self) -> None:
+        self._wake.set()
+        self._wake = asyncio.Event()
+
+    def after(self, revision: int) -> int:
+        """Where the entries after ``revision`` begin."""
+        return bisect.bisect_right(self.revisions, revision)
+
+    async def changed(self, timeout_s: float) -> bool:
+        """Wait for an entry or the end; False after ``timeout_s`` of nothing."""
+        wake = self._wake
+        try:
+            await asyncio.wait_for(wake.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+class Hub:
+    """The feeds of this process, one per followed job, gone with their last follower."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+        self.feeds: dict[str, Feed] = {}
+        self.followers = 0
+
+    def join(self, job_id: str) -> Feed:
+        feed = self.feeds.get(job_id)
+        if feed is None or feed.done:  # a job requeued after its spill: read it afresh
+            feed = self.feeds[job_id] = Feed(self.client, job_id)
+        feed.followers += 1
+        self.followers += 1
+        return feed
+
+    async def leave(self, feed: Feed) -> None:
+        feed.followers -= 1
+        self.followers -= 1
+        if feed.followers == 0:
+            if self.feeds.get(feed.job_id) is feed:
+                del self.feeds[feed.job_id]
+            await feed.close()
+
+    async def close(self) -> None:
+        for feed in list(self.feeds.values()):
+            await feed.close()
+        self.feeds.clear()
+
+
+async def follow(
+    hub: Hub, job_id: str, *, after: int, keepalive_s: float, trimmed: bool
+) -> AsyncIterator[str]:
+    """The stream's body: the job's events after revision ``after`` until it rests, with
+    a comment every ``keepalive_s`` while nothing happens. A live job's events come from
+    its feed, shared with every other follower here; a job whose events the janitor
+    removed already (``trimmed``) is one snapshot read of its own. A read that fails (Redis
+    gone, the job purged) ends the stream; the client reconnects from its last id."""
+    yield ": following\n\n"  # the headers go out now, not with the first event
+    if trimmed:
+        async for revision, fields in hub.client.events(job_id, after=after):
             for frame in frames(revision, fields):
                 yield frame
+        return
+    feed = hub.join(job_id)
+    try:
+        async for frame in _from_feed(feed, after, keepalive_s):
+            yield frame
     finally:
-        reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await reader
+        await hub.leave(feed)
+
+
+async def _from_feed(feed: Feed, after: int, keepalive_s: float) -> AsyncIterator[str]:
+    index = feed.after(after)  # what the feed has read so far is skipped at once
+    while True:
+        while index < len(feed.entries):
+            revision, fields = feed.entries[index]
+            index += 1
+            if revision > after:  # else read by the feed after this follower joined
+                for frame in frames(revision, fields):
+                    yield frame
+        if feed.done:
+            if feed.error is not None:
+                yield f": stopped: {type(feed.error).__name__}\n\n"
+            return
+        if not await feed.changed(keepalive_s):
+            yield ": keep-alive\n\n"
 
 
 class EventStream(StreamingResponse):

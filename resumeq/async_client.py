@@ -73,11 +73,16 @@ class AsyncClient:
         self._closed = False
 
     @classmethod
-    def from_url(cls, url: str, **kwargs: Any) -> AsyncClient:
+    def from_url(
+        cls, url: str, *, max_connections: int | None = None, **kwargs: Any
+    ) -> AsyncClient:
         """Both connections for ``url``, neither re-sending a command by itself
-        (:mod:`resumeq.connection`); nothing connects until the first command."""
+        (:mod:`resumeq.connection`); nothing connects until the first command.
+        ``max_connections`` bounds the asyncio pool (redis-py's default: 100): each
+        follower blocked in a read holds one connection."""
         store = Store.from_url(url)  # StoreError for a URL redis-py cannot read
-        return cls(connect_async(url), store.redis, **kwargs)
+        options = {} if max_connections is None else {"max_connections": max_connections}
+        return cls(connect_async(url, **options), store.redis, **kwargs)
 
     async def __aenter__(self) -> AsyncClient:
         return self

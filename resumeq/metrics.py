@@ -1,11 +1,11 @@
 """Cluster-wide numbers for Prometheus (SPEC §18), kept in Redis.
 
 Counters come from the running totals the scripts keep as they write each ledger record
-and end each job (``resumeq:totals`` and one hash per provider profile); gauges are read
-from the state indexes at scrape time. Two histograms — a flush's round trip, and the time
-from a cut to the continuation's first token — are measured by the workers and added to
-``resumeq:metrics`` once per attempt, so they too survive any worker and add up across
-machines. No job id, user or prompt is ever a label.
+and end each job (:data:`~resumeq.keys.TOTALS`, and one hash per provider profile); gauges
+are read from the state indexes at scrape time. Two histograms — a flush's round trip, and
+the time from a cut to the continuation's first token — are measured by the workers and
+added to :data:`~resumeq.keys.METRICS` once per attempt, so they too survive any worker and
+add up across machines. No job id, user or prompt is ever a label.
 """
 
 from __future__ import annotations

@@ -230,6 +230,9 @@ class ServerSettings(BaseModel):
     max_body_bytes: int = Field(default=1_048_576, gt=0)
     #: An SSE follower with nothing new gets a comment this often (seconds).
     keepalive_s: float = Field(default=15.0, gt=0)
+    #: Jobs one server process follows at once (one Redis connection each, however many
+    #: followers each has); a follower of one more is a 503 with Retry-After.
+    max_followed_jobs: int = Field(default=2_000, gt=0)
 
     @model_validator(mode="after")
     def _distinct(self) -> ServerSettings:

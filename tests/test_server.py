@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from resumeq.fake import FakeProvider
+from resumeq.producer import enqueue_job
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, Proc, wait_for, write_config
@@ -649,3 +650,38 @@ def test_followers_share_one_reader_and_leave_nothing_running(api: Api) -> None:
     wait_for(lambda: gauges() == (0, 0), timeout_s=10, what="no follower and no reader left")
     assert api.store.get(job["id"]).state.value == "running"  # the job itself goes on
     api.as_("web").post(f"/v1/jobs/{job['id']}/cancel")
+
+
+def test_a_server_following_its_most_jobs_answers_503_for_one_more(
+    api: Api, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = write_config(
+        tmp_path / "one.toml",
+        {"providers": {"fake": {"kind": "openai", "base_url": api.fake.openai_base_url}},
+         "server": {"port": port, "max_followed_jobs": 1}},
+    )  # fmt: skip
+    cluster = Cluster(tmp_path, redis_url=api.cluster.env["RESUMEQ_REDIS_URL"], config=config)
+    spec = {"prompt": "Waiting on a queue nobody serves.", "provider": "fake", "model": "m",
+            "budget_tokens": 20}  # fmt: skip
+    first, second = (
+        enqueue_job(api.store, api.store.redis, spec, queue="nobody").id,
+        enqueue_job(api.store, api.store.redis, {**spec, "prompt": "Another."}, queue="nobody").id,
+    )
+    try:
+        cluster.command("serve")
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _up(base), timeout_s=30, what="the second server")
+        with (
+            httpx.Client(base_url=base, timeout=30) as client,
+            client.stream("GET", f"/v1/jobs/{first}/events") as held,
+        ):
+            lines = held.iter_lines()
+            assert next(lines) == ": following"
+            refused = httpx.get(f"{base}/v1/jobs/{second}/events", timeout=10)
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            assert "max_followed_jobs" in refused.json()["detail"]
+    finally:
+        cluster.stop()
+        api.store.cancel(first)
+        api.store.cancel(second)

@@ -237,6 +237,13 @@ async def job_events(request: Request) -> Response:
             f"revision {after} is beyond the job's last ({job['revision']})",
         )
     assert svc.hub is not None
+    if job_id not in svc.hub.feeds and len(svc.hub.feeds) >= svc.server.max_followed_jobs:
+        raise Problem(
+            503,
+            f"this server follows {len(svc.hub.feeds)} jobs, its most ([server] "
+            "max_followed_jobs): try again, or another server process",
+            headers={"Retry-After": RETRY_AFTER_S},
+        )
     record = await svc.run(svc.store.get, job_id)
     body = sse.follow(
         svc.hub,
@@ -467,7 +474,11 @@ def create_app(settings: Settings) -> Starlette:
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         svc.client = AsyncClient.from_url(
-            settings.redis_url, settings=settings.file.store, limits=settings.file.limits
+            settings.redis_url,
+            # One connection per followed job (its feed's blocking read), and some to spare.
+            max_connections=settings.file.server.max_followed_jobs + 16,
+            settings=settings.file.store,
+            limits=settings.file.limits,
         )
         svc.hub = sse.Hub(svc.client)
         try:

@@ -63,7 +63,7 @@ class Feed:
 
     def __init__(self, client: AsyncClient, job_id: str) -> None:
         self.job_id = job_id
-        self.entries: list[tuple[int, dict[str, str]]] = []
+        self.entries: list[tuple[int, bytes]] = []  # each entry's revision and SSE frames
         self.revisions: list[int] = []
         self.done = False
         self.error: BaseException | None = None
@@ -74,7 +74,8 @@ class Feed:
     async def _read(self, client: AsyncClient) -> None:
         try:
             async for revision, fields in client.events(self.job_id, after=0):
-                self.entries.append((revision, fields))
+                # Rendered once for every follower.
+                self.entries.append((revision, "".join(frames(revision, fields)).encode()))
                 self.revisions.append(revision)
                 self._notify()
         except Exception as exc:  # the followers' streams end; their clients reconnect
@@ -95,7 +96,8 @@ class Feed:
         """Wait for an entry or the end; False after ``timeout_s`` of nothing."""
         wake = self._wake
         try:
-            await asyncio.wait_for(wake.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):  # no task per wait, as wait_for makes
+                await wake.wait()
         except TimeoutError:
             return False
         return True
@@ -138,7 +140,7 @@ class Hub:
 
 async def follow(
     hub: Hub, job_id: str, *, after: int, keepalive_s: float, trimmed: bool
-) -> AsyncIterator[str]:
+) -> AsyncIterator[str | bytes]:
     """The stream's body: the job's events after revision ``after`` until it rests, with
     a comment every ``keepalive_s`` while nothing happens. A live job's events come from
     its feed, shared with every other follower here; a job whose events the janitor
@@ -152,27 +154,26 @@ async def follow(
         return
     feed = hub.join(job_id)
     try:
-        async for frame in _from_feed(feed, after, keepalive_s):
-            yield frame
+        async for chunk in _from_feed(feed, after, keepalive_s):
+            yield chunk
     finally:
         await hub.leave(feed)
 
 
-async def _from_feed(feed: Feed, after: int, keepalive_s: float) -> AsyncIterator[str]:
+async def _from_feed(feed: Feed, after: int, keepalive_s: float) -> AsyncIterator[bytes]:
     index = feed.after(after)  # what the feed has read so far is skipped at once
     while True:
-        while index < len(feed.entries):
-            revision, fields = feed.entries[index]
-            index += 1
-            if revision > after:  # else read by the feed after this follower joined
-                for frame in frames(revision, fields):
-                    yield frame
+        # Whatever has arrived goes out as one write.
+        ready = [rendered for revision, rendered in feed.entries[index:] if revision > after]
+        index = len(feed.entries)
+        if ready:
+            yield b"".join(ready)
         if feed.done:
             if feed.error is not None:
-                yield f": stopped: {type(feed.error).__name__}\n\n"
+                yield f": stopped: {type(feed.error).__name__}\n\n".encode()
             return
         if not await feed.changed(keepalive_s):
-            yield ": keep-alive\n\n"
+            yield b": keep-alive\n\n"
 
 
 class EventStream(StreamingResponse):

@@ -18,9 +18,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.routing import Route
 
 from resumeq.fake import FakeProvider
 from resumeq.producer import enqueue_job
+from resumeq.server import create_app
+from resumeq.settings import Settings
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, Proc, wait_for, write_config
@@ -685,3 +688,27 @@ def test_a_server_following_its_most_jobs_answers_503_for_one_more(
         cluster.stop()
         api.store.cancel(first)
         api.store.cancel(second)
+
+
+def test_openapi_names_every_route_and_the_job_spec(api: Api) -> None:
+    response = api.as_("dash").get("/openapi.json")
+    assert response.status_code == 200
+    doc = response.json()
+    assert doc["openapi"] == "3.1.0"
+    app = create_app(Settings())
+    served = {
+        (route.path, method.lower())
+        for route in app.routes
+        if isinstance(route, Route)
+        for method in (route.methods or ()) - {"HEAD"}
+    }
+    documented = {
+        (path, method)
+        for path, item in doc["paths"].items()
+        for method in item
+        if method != "parameters"
+    }
+    assert served == documented
+    spec = doc["components"]["schemas"]["JobSpec"]
+    assert {"provider", "model", "budget_tokens"} <= set(spec["properties"])
+    assert api.as_(None).get("/openapi.json").status_code == 401

@@ -54,6 +54,7 @@ from resumeq.server.auth import (
     Tokens,
     is_loopback,
 )
+from resumeq.server.openapi import document
 from resumeq.server.problems import Problem
 from resumeq.settings import Role, Settings, load_settings
 from resumeq.spec import parse_spec
@@ -66,6 +67,7 @@ R = TypeVar("R")
 
 #: An ``Idempotency-Key`` as a client may send it (it is kept under its principal's name).
 IDEMPOTENCY_HEADER_RE = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,128}$")
+_OPENAPI = document()
 #: A Redis outage: try again this soon.
 RETRY_AFTER_S = "1"
 
@@ -426,6 +428,11 @@ async def get_metrics(request: Request) -> Response:
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+async def openapi(request: Request) -> Response:
+    principal(request, CAN_READ_ALL)
+    return JSONResponse(_OPENAPI)
+
+
 async def healthz(request: Request) -> Response:
     svc = service(request)
     if not svc.server.public_metrics:
@@ -501,6 +508,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/v1/stats", get_stats, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", get_metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         Problem: _handle,

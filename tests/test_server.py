@@ -712,3 +712,40 @@ def test_openapi_names_every_route_and_the_job_spec(api: Api) -> None:
     spec = doc["components"]["schemas"]["JobSpec"]
     assert {"provider", "model", "budget_tokens"} <= set(spec["properties"])
     assert api.as_(None).get("/openapi.json").status_code == 401
+
+
+def test_serve_with_several_processes_answers_from_each(api: Api, tmp_path: Path) -> None:
+    """``--workers 2``: uvicorn's processes build the app from the environment; followers
+    on either get the job's text, each process with its own readers."""
+    port = free_port()
+    config = write_config(
+        tmp_path / "two.toml",
+        {"providers": {"fake": {"kind": "openai", "base_url": api.fake.openai_base_url}},
+         "server": {"port": port}},
+    )  # fmt: skip
+    cluster = Cluster(tmp_path, redis_url=api.cluster.env["RESUMEQ_REDIS_URL"], config=config)
+    try:
+        cluster.command("serve", "--workers", "2")
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _up(base), timeout_s=60, what="two server processes")
+        prompt = "Two server processes, one answer."
+        created = httpx.post(f"{base}/v1/jobs", timeout=30, json={
+            "prompt": prompt, "provider": "fake", "model": "m", "budget_tokens": 400})  # fmt: skip
+        assert created.status_code == 201
+        job_id = created.json()["id"]
+        texts = []
+        for _ in range(4):  # new connections: the kernel spreads them over both processes
+            with httpx.stream("GET", f"{base}/v1/jobs/{job_id}/events", timeout=30) as r:
+                body = "".join(r.iter_text())
+            texts.append(
+                "".join(
+                    json.loads(line.removeprefix("data: "))["text"]
+                    for block in body.split("\n\n")
+                    if "event: delta" in block
+                    for line in block.splitlines()
+                    if line.startswith("data: ")
+                )
+            )
+        assert texts == [api.canonical(prompt)] * 4
+    finally:
+        cluster.stop()

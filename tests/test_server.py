@@ -749,3 +749,59 @@ def test_serve_with_several_processes_answers_from_each(api: Api, tmp_path: Path
         assert texts == [api.canonical(prompt)] * 4
     finally:
         cluster.stop()
+
+
+def sse_frames(lines: Iterator[str]) -> Iterator[Event]:
+    """SSE events from a stream's lines, as they come (comments skipped)."""
+    current: dict[str, str] = {}
+    for line in lines:
+        if line.startswith(":"):
+            continue
+        if line:
+            name, _, value = line.partition(":")
+            current[name] = value.removeprefix(" ")
+        elif current:
+            yield Event(current.get("id"), current["event"], json.loads(current["data"]))
+            current = {}
+
+
+def test_a_redis_outage_mid_stream_ends_the_stream_and_the_reconnect_resumes(
+    tmp_path: Path,
+) -> None:
+    with RedisServer(appendonly=True, directory=tmp_path / "redis") as redis_server:
+        port = free_port()
+        config = write_config(tmp_path / "r.toml", {"server": {"port": port}})
+        cluster = Cluster(tmp_path, redis_url=redis_server.url, config=config)
+        store = Store.from_url(redis_server.url)
+        try:
+            cluster.command("serve")
+            base = f"http://127.0.0.1:{port}"
+            wait_for(lambda: _up(base), timeout_s=30, what="resumeq serve")
+            spec = {"prompt": "Outage.", "provider": "p", "model": "m", "budget_tokens": 50}
+            job_id = store.create(spec, queue="nobody").id  # written by hand: no worker
+            got = store.acquire(job_id, worker="w1", ttl_ms=120_000)
+            revision = store.flush(
+                got.lease, expected_revision=got.record.revision, delta="Hello, ", tokens=2
+            ).revision
+            with httpx.stream("GET", f"{base}/v1/jobs/{job_id}/events", timeout=30) as r:
+                events = sse_frames(r.iter_lines())
+                first = next(e for e in events if e.event == "delta")
+                assert first.data == {"text": "Hello, ", "revision": revision}
+                began = time.monotonic()
+                redis_server.stop()
+                assert list(events) == []  # the stream ends, with no end event
+                assert time.monotonic() - began < 15
+            redis_server.start()
+            wait_for(lambda: _up(base), timeout_s=30, what="Redis back")
+            lease = got.lease
+            revision = store.flush(lease, expected_revision=revision, delta="world.", tokens=2)
+            store.finish(lease, state="done", expected_revision=revision.revision)
+            headers = {"Last-Event-ID": first.id or ""}
+            with httpx.stream(
+                "GET", f"{base}/v1/jobs/{job_id}/events", headers=headers, timeout=30
+            ) as r:
+                rest = list(sse_frames(r.iter_lines()))
+            assert text_of(rest) == "world." and rest[-1].event == "end"
+        finally:
+            cluster.stop()
+            store.redis.close()

@@ -9,6 +9,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,33 @@ def _up(base: str) -> bool:
         return httpx.get(f"{base}/healthz", headers=auth("dash"), timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@contextmanager
+def another_server(
+    tmp_path: Path,
+    redis_url: str,
+    *args: str,
+    api: Api | None = None,
+    wait: bool = True,
+    **server: Any,
+) -> Iterator[str]:
+    """A second ``resumeq serve`` (``args``, ``[server]`` settings) on its own port, with
+    the module's fake provider as its profile ``fake``; answers its base URL."""
+    port = free_port()
+    providers = {"fake": {"kind": "openai", "base_url": api.fake.openai_base_url}} if api else {}
+    config = write_config(
+        tmp_path / "another.toml", {"providers": providers, "server": {"port": port, **server}}
+    )
+    cluster = Cluster(tmp_path, redis_url=redis_url, config=config)
+    try:
+        cluster.command("serve", *args)
+        base = f"http://127.0.0.1:{port}"
+        if wait:
+            wait_for(lambda: _up(base), timeout_s=60, what="another resumeq serve")
+        yield base
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -428,17 +456,8 @@ def test_a_server_on_a_public_address_with_no_tokens_refuses_to_start(
 
 
 def test_redis_down_is_a_503_with_retry_after_not_a_hung_request(api: Api, tmp_path: Path) -> None:
-    port = free_port()
-    config = write_config(
-        tmp_path / "down.toml",
-        {"providers": {"fake": {"kind": "openai", "base_url": api.fake.openai_base_url}},
-         "server": {"port": port}},
-    )  # fmt: skip
     dead = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    cluster = Cluster(tmp_path, redis_url=dead, config=config)
-    try:
-        cluster.command("serve")
-        base = f"http://127.0.0.1:{port}"
+    with another_server(tmp_path, dead, api=api, wait=False) as base:
 
         def answers() -> httpx.Response | None:
             try:
@@ -460,8 +479,6 @@ def test_redis_down_is_a_503_with_retry_after_not_a_hung_request(api: Api, tmp_p
             assert response.status_code == 503, (path, response.text)
             assert response.headers["content-type"] == "application/problem+json"
         assert time.monotonic() - began < 20
-    finally:
-        cluster.stop()
 
 
 scalars = (
@@ -658,24 +675,16 @@ def test_followers_share_one_reader_and_leave_nothing_running(api: Api) -> None:
 def test_a_server_following_its_most_jobs_answers_503_for_one_more(
     api: Api, tmp_path: Path
 ) -> None:
-    port = free_port()
-    config = write_config(
-        tmp_path / "one.toml",
-        {"providers": {"fake": {"kind": "openai", "base_url": api.fake.openai_base_url}},
-         "server": {"port": port, "max_followed_jobs": 1}},
-    )  # fmt: skip
-    cluster = Cluster(tmp_path, redis_url=api.cluster.env["RESUMEQ_REDIS_URL"], config=config)
     spec = {"prompt": "Waiting on a queue nobody serves.", "provider": "fake", "model": "m",
             "budget_tokens": 20}  # fmt: skip
     first, second = (
         enqueue_job(api.store, api.store.redis, spec, queue="nobody").id,
         enqueue_job(api.store, api.store.redis, {**spec, "prompt": "Another."}, queue="nobody").id,
     )
+    redis_url = api.cluster.env["RESUMEQ_REDIS_URL"]
     try:
-        cluster.command("serve")
-        base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _up(base), timeout_s=30, what="the second server")
         with (
+            another_server(tmp_path, redis_url, api=api, max_followed_jobs=1) as base,
             httpx.Client(base_url=base, timeout=30) as client,
             client.stream("GET", f"/v1/jobs/{first}/events") as held,
         ):
@@ -685,7 +694,6 @@ def test_a_server_following_its_most_jobs_answers_503_for_one_more(
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
             assert "max_followed_jobs" in refused.json()["detail"]
     finally:
-        cluster.stop()
         api.store.cancel(first)
         api.store.cancel(second)
 
@@ -717,17 +725,8 @@ def test_openapi_names_every_route_and_the_job_spec(api: Api) -> None:
 def test_serve_with_several_processes_answers_from_each(api: Api, tmp_path: Path) -> None:
     """``--workers 2``: uvicorn's processes build the app from the environment; followers
     on either get the job's text, each process with its own readers."""
-    port = free_port()
-    config = write_config(
-        tmp_path / "two.toml",
-        {"providers": {"fake": {"kind": "openai", "base_url": api.fake.openai_base_url}},
-         "server": {"port": port}},
-    )  # fmt: skip
-    cluster = Cluster(tmp_path, redis_url=api.cluster.env["RESUMEQ_REDIS_URL"], config=config)
-    try:
-        cluster.command("serve", "--workers", "2")
-        base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _up(base), timeout_s=60, what="two server processes")
+    redis_url = api.cluster.env["RESUMEQ_REDIS_URL"]
+    with another_server(tmp_path, redis_url, "--workers", "2", api=api) as base:
         prompt = "Two server processes, one answer."
         created = httpx.post(f"{base}/v1/jobs", timeout=30, json={
             "prompt": prompt, "provider": "fake", "model": "m", "budget_tokens": 400})  # fmt: skip
@@ -736,19 +735,8 @@ def test_serve_with_several_processes_answers_from_each(api: Api, tmp_path: Path
         texts = []
         for _ in range(4):  # new connections: the kernel spreads them over both processes
             with httpx.stream("GET", f"{base}/v1/jobs/{job_id}/events", timeout=30) as r:
-                body = "".join(r.iter_text())
-            texts.append(
-                "".join(
-                    json.loads(line.removeprefix("data: "))["text"]
-                    for block in body.split("\n\n")
-                    if "event: delta" in block
-                    for line in block.splitlines()
-                    if line.startswith("data: ")
-                )
-            )
+                texts.append(text_of(list(sse_frames(r.iter_lines()))))
         assert texts == [api.canonical(prompt)] * 4
-    finally:
-        cluster.stop()
 
 
 def sse_frames(lines: Iterator[str]) -> Iterator[Event]:

@@ -793,3 +793,28 @@ def test_a_redis_outage_mid_stream_ends_the_stream_and_the_reconnect_resumes(
         finally:
             cluster.stop()
             store.redis.close()
+
+
+def test_a_follower_of_a_spilled_job_is_told_end_and_after_a_requeue_reads_on(api: Api) -> None:
+    """Before: a feed stopped at the first spill, so after a requeue every follower was
+    told the job had spilled and never saw the rest."""
+    prompt = "Spilled, then requeued: the lock keeper's night."
+    api.fake.add_faults([{"kind": "disconnect", "after_tokens": 30, "match": prompt}])
+    job = api.create(prompt, exit={"on_cut": "spill"})
+    api.wait_state(job["id"], {"spilled"})
+    events, ended = read_events(api, job["id"])
+    assert ended and events[-1].data == {"state": "spilled"}
+    spill_id = events[-1].id
+    requeued = api.as_("ops").post(f"/v1/spill/{job['id']}/requeue")
+    assert requeued.status_code == 200
+    events, ended = read_events(api, job["id"])  # from the start, after the requeue
+    assert ended and events[-1].data == {"state": "done"}
+    assert text_of(events) == api.canonical(prompt)
+    states = [e.data["state"] for e in events if e.event == "state"]
+    assert "spilled" in states and states[-1] == "done"
+    rest, ended = read_events(api, job["id"], last_event_id=spill_id)
+    assert ended and text_of(events).endswith(text_of(rest))
+    # Reconnecting after the last event still gets the end, at once.
+    last = next(e.id for e in reversed(events) if e.id is not None)
+    tail, ended = read_events(api, job["id"], last_event_id=last)
+    assert ended and [e.event for e in tail] == ["end"] and tail[0].data == {"state": "done"}

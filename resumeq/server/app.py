@@ -252,7 +252,7 @@ async def job_events(request: Request) -> Response:
         job_id,
         after=after,
         keepalive_s=svc.server.keepalive_s,
-        trimmed=record.events_trimmed is not None,
+        trimmed=record.state.value if record.events_trimmed is not None else None,
     )
     return sse.EventStream(body, headers=sse.HEADERS)
 

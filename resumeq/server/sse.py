@@ -27,7 +27,12 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from resumeq.async_client import AsyncClient
-from resumeq.client import RESTING_STATES
+from resumeq.models import JobState
+
+#: States after which nothing more happens to a job; a spill waits for a person (a follower
+#: is told ``end`` while it is the job's latest state, and a requeue goes on from there).
+ENDING_STATES = frozenset(s.value for s in JobState if s.terminal)
+SPILLED = JobState.SPILLED.value
 
 #: What proxies must not do to an event stream: buffer it (nginx), cache it, transform it.
 HEADERS = {
@@ -51,7 +56,7 @@ def frames(revision: int, fields: dict[str, str]) -> list[str]:
     state = fields.get("state")
     if state:
         out.append(event("state", revision, {"state": state}))
-        if state in RESTING_STATES:
+        if state in ENDING_STATES:
             out.append(event("end", revision, {"state": state}))
     return out
 
@@ -67,16 +72,20 @@ class Feed:
         self.revisions: list[int] = []
         self.done = False
         self.error: BaseException | None = None
+        #: The job's latest state read, with its revision.
+        self.state: tuple[int, str] | None = None
         self.followers = 0
         self._wake = asyncio.Event()
         self._reader = asyncio.create_task(self._read(client), name=f"resumeq-feed:{job_id}")
 
     async def _read(self, client: AsyncClient) -> None:
         try:
-            async for revision, fields in client.events(self.job_id, after=0):
+            async for revision, fields in client.events(self.job_id, after=0, stop_at_spill=False):
                 # Rendered once for every follower.
                 self.entries.append((revision, "".join(frames(revision, fields)).encode()))
                 self.revisions.append(revision)
+                if fields.get("state"):
+                    self.state = (revision, fields["state"])
                 self._notify()
         except Exception as exc:  # the followers' streams end; their clients reconnect
             self.error = exc
@@ -87,6 +96,10 @@ class Feed:
     def _notify(self) -> None:
         self._wake.set()
         self._wake = asyncio.Event()
+
+    def caught_up(self, index: int) -> bool:
+        """Whether a follower at ``index`` has every entry read so far."""
+        return index >= len(self.entries)
 
     def after(self, revision: int) -> int:
         """Where the entries after ``revision`` begin."""
@@ -139,18 +152,24 @@ class Hub:
 
 
 async def follow(
-    hub: Hub, job_id: str, *, after: int, keepalive_s: float, trimmed: bool
+    hub: Hub, job_id: str, *, after: int, keepalive_s: float, trimmed: str | None
 ) -> AsyncIterator[str | bytes]:
-    """The stream's body: the job's events after revision ``after`` until it rests, with
-    a comment every ``keepalive_s`` while nothing happens. A live job's events come from
-    its feed, shared with every other follower here; a job whose events the janitor
-    removed already (``trimmed``) is one snapshot read of its own. A read that fails (Redis
-    gone, the job purged) ends the stream; the client reconnects from its last id."""
+    """The stream's body: the job's events after revision ``after`` until it ends (or
+    rests on the spill lane), with a comment every ``keepalive_s`` while nothing happens,
+    and ``end`` last — also for a follower that had seen everything already. A live job's
+    events come from its feed, shared with every other follower here; a job whose events
+    the janitor removed already (``trimmed``: its state) is one snapshot read of its own. A
+    read that fails (Redis gone, the job purged) ends the stream without ``end``; the client
+    reconnects from its last id."""
     yield ": following\n\n"  # the headers go out now, not with the first event
-    if trimmed:
+    if trimmed is not None:
+        ended = False
         async for revision, fields in hub.client.events(job_id, after=after):
             for frame in frames(revision, fields):
+                ended = ended or frame.startswith(f"id: {revision}\nevent: end")
                 yield frame
+        if not ended:
+            yield event("end", None, {"state": trimmed})
         return
     feed = hub.join(job_id)
     try:
@@ -162,15 +181,26 @@ async def follow(
 
 async def _from_feed(feed: Feed, after: int, keepalive_s: float) -> AsyncIterator[bytes]:
     index = feed.after(after)  # what the feed has read so far is skipped at once
+    sent = False  # any of the job's events, on this connection
     while True:
         # Whatever has arrived goes out as one write.
         ready = [rendered for revision, rendered in feed.entries[index:] if revision > after]
         index = len(feed.entries)
+        state = feed.state
+        if state is not None and state[1] == SPILLED and feed.caught_up(index):
+            # Resting on the spill lane: the follower is told so, and goes.
+            ready.append(event("end", state[0], {"state": SPILLED}).encode())
+            yield b"".join(ready)
+            return
         if ready:
+            sent = True
             yield b"".join(ready)
         if feed.done:
             if feed.error is not None:
                 yield f": stopped: {type(feed.error).__name__}\n\n".encode()
+            elif not sent and state is not None:
+                # Everything was seen before this connection: still, the end.
+                yield event("end", state[0], {"state": state[1]}).encode()
             return
         if not await feed.changed(keepalive_s):
             yield b": keep-alive\n\n"
@@ -183,12 +213,20 @@ class EventStream(StreamingResponse):
     media_type = "text/event-stream"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async with anyio.create_task_group() as group:
+        try:
+            async with anyio.create_task_group() as group:
 
-            async def stream() -> None:
-                await self.stream_response(send)
+                async def stream() -> None:
+                    await self.stream_response(send)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream)
+                await self.listen_for_disconnect(receive)
                 group.cancel_scope.cancel()
-
-            group.start_soon(stream)
-            await self.listen_for_disconnect(receive)
-            group.cancel_scope.cancel()
+        finally:
+            # A send blocked on a client that stopped reading is cancelled without the
+            # body's own cleanup running: it is closed here, so its follower leaves now.
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                with anyio.CancelScope(shield=True):
+                    await close()

@@ -74,14 +74,26 @@ class AsyncClient:
 
     @classmethod
     def from_url(
-        cls, url: str, *, max_connections: int | None = None, **kwargs: Any
+        cls,
+        url: str,
+        *,
+        max_connections: int | None = None,
+        socket_timeout: float | None = None,
+        socket_connect_timeout: float | None = None,
+        **kwargs: Any,
     ) -> AsyncClient:
         """Both connections for ``url``, neither re-sending a command by itself
         (:mod:`resumeq.connection`); nothing connects until the first command.
         ``max_connections`` bounds the asyncio pool (redis-py's default: 100): each
-        follower blocked in a read holds one connection."""
+        follower blocked in a read holds one connection; the timeouts apply to it too
+        (a read blocks for up to a second: keep ``socket_timeout`` above that)."""
         store = Store.from_url(url)  # StoreError for a URL redis-py cannot read
-        options = {} if max_connections is None else {"max_connections": max_connections}
+        given = {
+            "max_connections": max_connections,
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": socket_connect_timeout,
+        }
+        options = {k: v for k, v in given.items() if v is not None}
         return cls(connect_async(url, **options), store.redis, **kwargs)
 
     async def __aenter__(self) -> AsyncClient:

@@ -20,7 +20,7 @@ from typing import Any
 import redis
 
 from resumeq import keys
-from resumeq.store import SPILL_QUEUE, Store, check_queue, decode
+from resumeq.store import SPILL_QUEUE, Store, check_queue, decode, redis_errors
 
 #: Bucket bounds (seconds) of both histograms.
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -86,24 +86,18 @@ def spill_reason(reason: str | None) -> str:
 
 
 def render(store: Store, providers: Iterable[str]) -> str:
-    """The Prometheus text exposition (format 0.0.4) of every metric."""
+    """The Prometheus text exposition (format 0.0.4) of every metric;
+    :class:`~resumeq.errors.RedisUnavailable` when Redis cannot be read."""
+    with redis_errors("metrics"):
+        return _render(store, providers)
+
+
+def _render(store: Store, providers: Iterable[str]) -> str:
     out = _Exposition()
     totals = store.totals()
     per_provider = {p: store.totals(p) for p in sorted(set(providers))}
     _jobs(out, store, totals)
-    out.family("resumeq_attempts_total", "counter", "Attempts by provider, kind and outcome.")
-    for provider, t in per_provider.items():
-        for field, n in sorted(t.items()):
-            parts = field.split(":")
-            if parts[0] == "attempts" and len(parts) == 3:
-                labels = {"provider": provider, "kind": parts[1], "outcome": parts[2]}
-                out.sample("resumeq_attempts_total", labels, n)
-    out.family("resumeq_cuts_total", "counter", "Cuts by provider and cause.")
-    for provider, t in per_provider.items():
-        for field, n in sorted(t.items()):
-            if field.startswith("cuts:"):
-                labels = {"provider": provider, "cause": field.removeprefix("cuts:")}
-                out.sample("resumeq_cuts_total", labels, n)
+    _by_provider(out, per_provider)
     out.family(
         "resumeq_tokens_billed_total",
         "counter",
@@ -118,18 +112,17 @@ def render(store: Store, providers: Iterable[str]) -> str:
         for kind, n in billed.items():
             out.sample("resumeq_tokens_billed_total", {"provider": provider, "type": kind}, n)
     out.family("resumeq_output_tokens_needed_total", "counter", "Output tokens the answers kept.")
+    for provider, t in per_provider.items():
+        needed = t.get("output_tokens_persisted", 0)
+        out.sample("resumeq_output_tokens_needed_total", {"provider": provider}, needed)
     out.family(
         "resumeq_output_tokens_saved_total",
         "counter",
         "Output tokens a naive replay of every cut would have billed, less those billed.",
     )
     for provider, t in per_provider.items():
-        labels = {"provider": provider}
-        out.sample(
-            "resumeq_output_tokens_needed_total", labels, t.get("output_tokens_persisted", 0)
-        )
         saved = t.get("naive_output_tokens_billed", 0) - t.get("output_tokens_billed", 0)
-        out.sample("resumeq_output_tokens_saved_total", labels, max(0, saved))
+        out.sample("resumeq_output_tokens_saved_total", {"provider": provider}, max(0, saved))
     _histograms(out, store)
     _spill(out, store)
     out.family(
@@ -137,6 +130,23 @@ def render(store: Store, providers: Iterable[str]) -> str:
     )
     out.sample("resumeq_lease_expiries_total", {}, totals.get("cuts:worker_died", 0))
     return out.text()
+
+
+def _by_provider(out: _Exposition, per_provider: Mapping[str, Mapping[str, int]]) -> None:
+    """Attempts by kind and outcome, and cuts by cause, of each provider profile."""
+    out.family("resumeq_attempts_total", "counter", "Attempts by provider, kind and outcome.")
+    for provider, t in per_provider.items():
+        for field, n in sorted(t.items()):
+            parts = field.split(":")
+            if parts[0] == "attempts" and len(parts) == 3:
+                labels = {"provider": provider, "kind": parts[1], "outcome": parts[2]}
+                out.sample("resumeq_attempts_total", labels, n)
+    out.family("resumeq_cuts_total", "counter", "Cuts by provider and cause.")
+    for provider, t in per_provider.items():
+        for field, n in sorted(t.items()):
+            if field.startswith("cuts:"):
+                labels = {"provider": provider, "cause": field.removeprefix("cuts:")}
+                out.sample("resumeq_cuts_total", labels, n)
 
 
 def _jobs(out: _Exposition, store: Store, totals: Mapping[str, int]) -> None:

@@ -238,6 +238,11 @@ def spill_list(
     return [spill_entry(store, r) for r in spilled_records(store, where, limit=limit)]
 
 
+#: The most spilled jobs one page reads to find its matches (a filter that matches few
+#: answers a shorter page, and the position to go on from).
+SPILL_SCAN_MAX = 2_000
+
+
 def spill_page(
     store: Store,
     where: SpillFilter | None = None,
@@ -247,16 +252,21 @@ def spill_page(
 ) -> tuple[list[dict[str, Any]], tuple[int, str] | None]:
     """One page of the spilled jobs that match, oldest spill first, after the position
     ``after`` (a spill time and id, what the previous page answered): the entries, and the
-    position to go on from (None: the lane has no more)."""
+    position to go on from (None: the lane has no more). At most ``SPILL_SCAN_MAX`` jobs
+    are read for one page."""
     where = where or SpillFilter()
     now_ms = int(time.time() * 1000)
     found: list[dict[str, Any]] = []
     position = after
+    scanned = 0
     while len(found) < limit:
+        if scanned >= SPILL_SCAN_MAX:
+            return found, position  # a bounded page: go on from here
         batch = store.spilled_after(position, max(limit, 100))
         if not batch:
             return found, None
         for job_id, spilled_ms in batch:
+            scanned += 1
             position = (spilled_ms, job_id)
             try:
                 record = store.get(job_id)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -818,3 +820,46 @@ def test_a_follower_of_a_spilled_job_is_told_end_and_after_a_requeue_reads_on(ap
     last = next(e.id for e in reversed(events) if e.id is not None)
     tail, ended = read_events(api, job["id"], last_event_id=last)
     assert ended and [e.event for e in tail] == ["end"] and tail[0].data == {"state": "done"}
+
+
+def test_more_bad_input_found_in_review_is_a_4xx(api: Api) -> None:
+    web = api.as_("web")
+    job = api.create("Review inputs.", budget_tokens=20)
+    for params in ({"after": "²"}, {"after": "1" * 30}):
+        response = web.get(f"/v1/jobs/{job['id']}/events", params=params)
+        assert response.status_code == 400, params
+    assert api.as_("dash").get("/v1/spill", params={"limit": "²"}).status_code == 400
+    deep = b"[" * 200_000
+    response = web.post("/v1/jobs", content=deep, headers={"Content-Type": "application/json"})
+    assert response.status_code in (400, 413)
+    elsewhere = web.post(
+        "/v1/jobs",
+        params={"queue": "paid-lane"},
+        json={"prompt": "x", "provider": "fake", "model": "m", "budget_tokens": 5},
+    )
+    assert elsewhere.status_code == 422 and elsewhere.json()["errors"][0]["field"] == "queue"
+
+
+def test_idempotency_ignores_the_order_of_a_bodys_keys(api: Api) -> None:
+    headers = {"Idempotency-Key": "order-keys-1"}
+    body = {"prompt": "Key order.", "provider": "fake", "model": "m", "budget_tokens": 30,
+            "metadata": {"a": 1, "b": 2}}  # fmt: skip
+    reordered = {**body, "metadata": {"b": 2, "a": 1}}
+    first = api.as_("web").post("/v1/jobs", json=body, headers=headers)
+    again = api.as_("web").post("/v1/jobs", json=reordered, headers=headers)
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+
+
+def test_a_stalled_redis_is_a_503_within_seconds_not_a_hung_request(tmp_path: Path) -> None:
+    redis_server = RedisServer(directory=tmp_path / "redis")
+    with redis_server, another_server(tmp_path, redis_server.url) as base:
+        assert redis_server.process is not None
+        os.kill(redis_server.process.pid, signal.SIGSTOP)  # alive, answering nothing
+        try:
+            began = time.monotonic()
+            response = httpx.get(f"{base}/healthz", timeout=30)
+            assert response.status_code == 503
+            assert time.monotonic() - began < 15
+        finally:
+            os.kill(redis_server.process.pid, signal.SIGCONT)

@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from resumeq import keys, metrics
 from resumeq.async_client import AsyncClient
+from resumeq.connection import connect
 from resumeq.errors import (
     ConfigError,
     IdempotencyConflict,
@@ -34,6 +35,7 @@ from resumeq.errors import (
     JobNotFound,
     RedisUnavailable,
     ResumeqError,
+    WriteRefused,
 )
 from resumeq.ops import (
     SpillFilter,
@@ -66,8 +68,11 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 #: An ``Idempotency-Key`` as a client may send it (it is kept under its principal's name).
+_DIGITS = re.compile(r"^[0-9]{1,18}$")
 IDEMPOTENCY_HEADER_RE = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,128}$")
 _OPENAPI = document()
+#: How long the service waits for Redis on one command (its event reads block for 1 s).
+REDIS_TIMEOUT_S = 5.0
 #: A Redis outage: try again this soon.
 RETRY_AFTER_S = "1"
 
@@ -80,9 +85,13 @@ class Service:
         self.settings = settings
         self.server = settings.file.server
         self.tokens = Tokens(self.server.tokens)
-        self.store = Store.from_url(
-            settings.redis_url, settings=settings.file.store, limits=settings.file.limits
+        # A stalled Redis is an error within seconds, never a request held forever.
+        connection = connect(
+            settings.redis_url,
+            socket_timeout=REDIS_TIMEOUT_S,
+            socket_connect_timeout=REDIS_TIMEOUT_S,
         )
+        self.store = Store(connection, settings=settings.file.store, limits=settings.file.limits)
         self.client: AsyncClient | None = None
         self.hub: sse.Hub | None = None
 
@@ -138,7 +147,7 @@ def job_json(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def read_json(request: Request) -> Any:
+async def read_json(request: Request, *, empty: Any = None) -> Any:
     """The request body as JSON: 415 for another media type, 413 past the configured
     size (counted as it arrives, whatever Content-Length says), 400 if it does not parse."""
     media = request.headers.get("content-type", "application/json").split(";")[0].strip()
@@ -146,7 +155,7 @@ async def read_json(request: Request) -> Any:
         raise Problem.field(415, "Content-Type", f"expected application/json, not {media}")
     limit = service(request).server.max_body_bytes
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if _DIGITS.match(declared) and int(declared) > limit:
         raise Problem(413, f"the body is over {limit} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
@@ -154,10 +163,15 @@ async def read_json(request: Request) -> Any:
         if size > limit:
             raise Problem(413, f"the body is over {limit} bytes")
         chunks.append(chunk)
+    raw = b"".join(chunks)
+    if empty is not None and not raw.strip():
+        return empty  # an optional body, not sent
     try:
-        return json.loads(b"".join(chunks), parse_constant=_no_constant)
+        return json.loads(raw, parse_constant=_no_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise Problem.field(400, "body", f"not valid JSON ({exc})") from None
+    except RecursionError:
+        raise Problem.field(400, "body", "nested too deeply") from None
 
 
 def _no_constant(name: str) -> Any:
@@ -178,8 +192,12 @@ async def create_job(request: Request) -> Response:
         check_queue(queue)
     except ValueError:
         raise Problem.field(422, "queue", f"malformed queue name {queue[:80]!r}") from None
-    if queue == SPILL_QUEUE:
-        raise Problem.field(422, "queue", "jobs are not created on the spill lane")
+    allowed = svc.settings.file.worker.queues
+    if queue not in allowed:
+        names = ", ".join(allowed)
+        raise Problem.field(
+            422, "queue", f"not a queue of this deployment ([worker] queues: {names})"
+        )
     key = _idempotency_key(request, body)
     if key is not None:
         # Kept under the caller's name: one producer's key never answers another's job.
@@ -193,7 +211,7 @@ async def create_job(request: Request) -> Response:
     )
     if not result.created:
         earlier = await svc.run(svc.store.get, result.id)
-        if earlier.spec.to_json() != spec.to_json() or earlier.queue != queue:
+        if _canonical(earlier.spec.to_json()) != _canonical(spec.to_json()):
             raise Problem.field(
                 422,
                 "Idempotency-Key",
@@ -202,6 +220,11 @@ async def create_job(request: Request) -> Response:
     job = await visible_job(request, who, result.id)
     status = 201 if result.created else 200
     return JSONResponse(job, status, headers={"Location": job["links"]["self"]})
+
+
+def _canonical(spec_json: str) -> str:
+    """A spec's JSON with its keys in one order (a body's own order is no difference)."""
+    return json.dumps(json.loads(spec_json), sort_keys=True, separators=(",", ":"))
 
 
 def _idempotency_key(request: Request, body: dict[str, Any]) -> str | None:
@@ -267,7 +290,7 @@ def _after(request: Request) -> int:
         if raw is None:
             continue
         value = raw.strip()
-        if not value.isdigit() or len(value) > 18:
+        if not _DIGITS.match(value):
             raise Problem.field(
                 400, field, f"a revision (an integer of at least 0), not {raw[:40]!r}"
             )
@@ -323,7 +346,7 @@ def _int_param(request: Request, name: str, *, default: int, low: int, high: int
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.strip().isdigit() or not low <= int(raw) <= high:
+    if not _DIGITS.match(raw.strip()) or not low <= int(raw) <= high:
         raise Problem.field(400, name, f"an integer from {low} to {high}, not {raw[:40]!r}")
     return int(raw)
 
@@ -343,7 +366,7 @@ async def spill_requeue(request: Request) -> Response:
     who = principal(request, CAN_OPERATE)
     svc = service(request)
     job_id = job_id_of(request)
-    body = await read_json(request) if await _has_body(request) else {}
+    body = await read_json(request, empty={})
     if not isinstance(body, dict):
         raise Problem.field(422, "body", 'a JSON object ({"to"?, "provider"?}) is expected')
     unknown = sorted(set(body) - {"to", "provider"})
@@ -364,11 +387,6 @@ async def spill_requeue(request: Request) -> Response:
         raise Problem.field(422, "provider", f"unknown provider {provider!r} (known: {known})")
     await svc.run(requeue_spilled, svc.store, job_id, queue=to, provider=provider)
     return JSONResponse(await visible_job(request, who, job_id))
-
-
-async def _has_body(request: Request) -> bool:
-    declared = request.headers.get("content-length")
-    return declared is None or declared != "0"
 
 
 async def spill_drop(request: Request) -> Response:
@@ -459,10 +477,11 @@ def _from_resumeq(exc: Exception) -> Problem:
         return Problem(404, f"no job {exc.job_id}" if exc.job_id else str(exc))
     if isinstance(exc, IdempotencyConflict):
         return Problem.field(422, "Idempotency-Key", str(exc))
-    if isinstance(exc, InvalidTransition):
+    if isinstance(exc, InvalidTransition | WriteRefused):
         return Problem(409, str(exc))
     if isinstance(exc, RedisUnavailable):
-        return Problem(503, f"Redis is unreachable: {exc}", headers={"Retry-After": RETRY_AFTER_S})
+        # Not its address: /healthz may be public.
+        return Problem(503, "Redis is unreachable", headers={"Retry-After": RETRY_AFTER_S})
     log.exception("request failed", exc_info=exc)
     return Problem(500, f"{type(exc).__name__}: the server failed; its log says more")
 
@@ -484,6 +503,9 @@ def create_app(settings: Settings) -> Starlette:
             settings.redis_url,
             # One connection per followed job (its feed's blocking read), and some to spare.
             max_connections=settings.file.server.max_followed_jobs + 16,
+            # Above the event reads' one-second blocks.
+            socket_timeout=REDIS_TIMEOUT_S,
+            socket_connect_timeout=REDIS_TIMEOUT_S,
             settings=settings.file.store,
             limits=settings.file.limits,
         )

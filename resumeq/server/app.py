@@ -187,12 +187,12 @@ async def create_job(request: Request) -> Response:
     body = await read_json(request)
     if not isinstance(body, dict):
         raise Problem.field(422, "body", "a JSON object (a job spec) is expected")
-    queue = request.query_params.get("queue", DEFAULT_QUEUE)
+    allowed = svc.settings.file.worker.queues
+    queue = request.query_params.get("queue", allowed[0] if allowed else DEFAULT_QUEUE)
     try:
         check_queue(queue)
     except ValueError:
         raise Problem.field(422, "queue", f"malformed queue name {queue[:80]!r}") from None
-    allowed = svc.settings.file.worker.queues
     if queue not in allowed:
         names = ", ".join(allowed)
         raise Problem.field(

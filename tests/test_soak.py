@@ -19,6 +19,11 @@ def test_short_chaos_soak_loses_nothing() -> None:
             freeze_every_s=8,
             handoff_every_s=4,
             redis_restarts=0,
+            # Streams of about a second, so that a deploy's SIGTERM finds some in flight:
+            # at 2 ms a token they last 0.3 s, and since continuations go to the front of
+            # the queue and start at once, a handoff sometimes found none (a run with no
+            # attempt handed off, the check of handoffs then moot).
+            token_delay_ms=6.0,
             # Short: some 35 exits and 25 outbox entries carried out by workers, each worker
             # arming one of the two failpoints; a chance high enough that every run sees
             # workers die at them (each death ends every stream of that process).

@@ -442,6 +442,9 @@ def test_sizes_ids_revisions_and_media_types(api: Api) -> None:
         assert response.status_code == 400, (headers, params)
         assert response.json()["errors"][0]["field"] == name
     assert web.post("/v1/jobs", json={}, headers={"Idempotency-Key": "sp ace"}).status_code == 400
+    wrong = web.put(f"/v1/jobs/{job['id']}")
+    assert wrong.status_code == 405 and set(wrong.headers["allow"].split(", ")) >= {"GET", "DELETE"}
+    assert wrong.headers["content-type"] == "application/problem+json"
 
 
 def test_a_server_on_a_public_address_with_no_tokens_refuses_to_start(

@@ -307,6 +307,10 @@ async def cancel_job(request: Request) -> Response:
     return JSONResponse(await visible_job(request, who, job_id))
 
 
+async def job_resource(request: Request) -> Response:
+    return await (delete_job if request.method == "DELETE" else get_job)(request)
+
+
 async def delete_job(request: Request) -> Response:
     principal(request, CAN_OPERATE)
     svc = service(request)
@@ -465,8 +469,9 @@ async def healthz(request: Request) -> Response:
 def _problem(request: Request, exc: Exception) -> Response:
     if isinstance(exc, Problem):
         return exc.response(request.url.path)
-    if isinstance(exc, HTTPException):
-        return Problem(exc.status_code, str(exc.detail)).response(request.url.path)
+    if isinstance(exc, HTTPException):  # routing's 404 and 405 (with its Allow)
+        problem = Problem(exc.status_code, str(exc.detail), headers=exc.headers)
+        return problem.response(request.url.path)
     return _from_resumeq(exc).response(request.url.path)
 
 
@@ -519,8 +524,8 @@ def create_app(settings: Settings) -> Starlette:
 
     routes = [
         Route("/v1/jobs", create_job, methods=["POST"]),
-        Route("/v1/jobs/{job_id}", get_job, methods=["GET"]),
-        Route("/v1/jobs/{job_id}", delete_job, methods=["DELETE"]),
+        # One route for both methods: a 405 then names both in its Allow.
+        Route("/v1/jobs/{job_id}", job_resource, methods=["GET", "DELETE"]),
         Route("/v1/jobs/{job_id}/events", job_events, methods=["GET"]),
         Route("/v1/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
         Route("/v1/spill", spill_list, methods=["GET"]),

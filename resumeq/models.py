@@ -82,8 +82,10 @@ class JobRecord(BaseModel):
     finished_ms: int | None = None
     lease_token: str | None = None
     idempotency_key: str | None = None
-    #: The principal that created the job through the HTTP service, if one did.
+    #: The principal that created the job through the HTTP service, if one did, and a hash
+    #: of the request it sent.
     owner: str | None = None
+    request_hash: str | None = None
     finish_reason: str | None = None
     error: str | None = None
     #: Why the job last changed state (the gate's reason, the cancel reason, …).

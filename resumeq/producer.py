@@ -21,6 +21,7 @@ def enqueue_job(
     *,
     queue: str = DEFAULT_QUEUE,
     owner: str | None = None,
+    request_hash: str | None = None,
 ) -> CreateResult:
     """Validate and write the job record, then enqueue attempt 1.
 
@@ -28,6 +29,6 @@ def enqueue_job(
     attempt was enqueued). If the process dies between the two steps, the janitor carries
     the outbox out.
     """
-    result = store.create(spec, queue=queue, owner=owner)
+    result = store.create(spec, queue=queue, owner=owner, request_hash=request_hash)
     outbox.complete(store, connection, result.id)
     return result

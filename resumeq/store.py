@@ -196,9 +196,11 @@ class Store:
         queue: str = DEFAULT_QUEUE,
         job_id: str | None = None,
         owner: str | None = None,
+        request_hash: str | None = None,
     ) -> CreateResult:
         """Validate ``spec`` and write the job record (state ``queued``, cursor 0);
-        ``owner``: the principal that creates it (the HTTP service's producers).
+        ``owner``: the principal that creates it (the HTTP service's producers);
+        ``request_hash``: what created it, kept to compare an idempotent repeat with.
 
         Raises :class:`~resumeq.errors.InvalidSpec` before anything is written. With an
         idempotency key, a second create answers the first job's id (``created=False``),
@@ -220,6 +222,7 @@ class Store:
             spec.idempotency_key or "",
             request_id(),
             _check_owner(owner) if owner else "",
+            request_hash or "",
         ]
         status, *rest = self._run("create", job_keys, args, job_id, tries=WRITE_TRIES)
         bound_id = _s(rest[0])

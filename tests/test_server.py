@@ -102,7 +102,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
         config = write_config(
             tmp / "resumeq.toml",
             {
-                "providers": {"fake": profile},
+                "providers": {"fake": profile, "fake-reserved": profile},
                 "worker": {"flush_tokens": 8, "flush_ms": 100, "lease_ttl_ms": 2000},
                 "janitor": {"interval_s": 0.3},
                 "server": {
@@ -866,3 +866,24 @@ def test_a_stalled_redis_is_a_503_within_seconds_not_a_hung_request(tmp_path: Pa
             assert time.monotonic() - began < 15
         finally:
             os.kill(redis_server.process.pid, signal.SIGCONT)
+
+
+def test_an_idempotent_repeat_answers_the_job_after_an_operator_changed_it(api: Api) -> None:
+    """The request that created a job is what a repeat is compared with: a requeue to
+    another provider since then does not make the producer's retry a 422."""
+    prompt = "Idempotent across a requeue: the pilot boat's log."
+    api.fake.add_faults([{"kind": "disconnect", "after_tokens": 20, "match": prompt}])
+    body = {"prompt": prompt, "provider": "fake", "model": "m", "budget_tokens": 600,
+            "exit": {"on_cut": "spill"}}  # fmt: skip
+    headers = {"Idempotency-Key": "pilot-boat-1"}
+    first = api.as_("web").post("/v1/jobs", json=body, headers=headers)
+    assert first.status_code == 201
+    job_id = first.json()["id"]
+    api.wait_state(job_id, {"spilled"})
+    moved = api.as_("ops").post(f"/v1/spill/{job_id}/requeue", json={"provider": "fake-reserved"})
+    assert moved.status_code == 200 and moved.json()["provider"] == "fake-reserved"
+    api.wait_state(job_id, {"done"})
+    again = api.as_("web").post("/v1/jobs", json=body, headers=headers)
+    assert again.status_code == 200 and again.json()["id"] == job_id
+    other = api.as_("web").post("/v1/jobs", json={**body, "budget_tokens": 601}, headers=headers)
+    assert other.status_code == 422

@@ -6,6 +6,8 @@
 -- ARGV[5] floor tokens   ARGV[6] queue name   ARGV[7] idempotency key as given
 -- ARGV[8] request id   ARGV[9] the principal that creates it ('' for none: the HTTP
 --   service's producers see only the jobs they created)
+-- ARGV[10] a hash of the request that created it ('' for none: what the HTTP service
+--   compares a repeated Idempotency-Key's body with, whatever became of the job since)
 -- Answers: {'created', id} | {'exists', id} | {'idempotency_conflict', id} | {'id_taken', id}
 local job, queued, outbox, pending, totals, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, hash, queue = ARGV[1], ARGV[3], ARGV[6]
@@ -38,6 +40,9 @@ redis.call('HSET', job,
 stamp(job, ARGV[8])
 if ARGV[9] and ARGV[9] ~= '' then
   redis.call('HSET', job, 'owner', ARGV[9])
+end
+if ARGV[10] and ARGV[10] ~= '' then
+  redis.call('HSET', job, 'request_hash', ARGV[10])
 end
 redis.call('ZADD', queued, fmt(now), id)
 redis.call('HINCRBY', totals, 'jobs:created', 1)

@@ -10,6 +10,7 @@ differently for HTTP.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import re
@@ -59,7 +60,7 @@ from resumeq.server.auth import (
 from resumeq.server.openapi import document
 from resumeq.server.problems import Problem
 from resumeq.settings import Role, Settings, load_settings
-from resumeq.spec import parse_spec
+from resumeq.spec import JobSpec, parse_spec
 from resumeq.store import DEFAULT_QUEUE, SPILL_QUEUE, Store, check_queue
 
 log = logging.getLogger(__name__)
@@ -206,12 +207,26 @@ async def create_job(request: Request) -> Response:
     if spec.provider not in svc.settings.file.providers:
         known = ", ".join(sorted(svc.settings.file.providers)) or "none configured"
         raise Problem.field(422, "provider", f"unknown provider {spec.provider!r} (known: {known})")
+    asked = _request_hash(spec, queue)
     result = await svc.run(
-        enqueue_job, svc.store, svc.store.redis, spec, queue=queue, owner=who.name
+        enqueue_job,
+        svc.store,
+        svc.store.redis,
+        spec,
+        queue=queue,
+        owner=who.name,
+        request_hash=asked,
     )
     if not result.created:
         earlier = await svc.run(svc.store.get, result.id)
-        if _canonical(earlier.spec.to_json()) != _canonical(spec.to_json()):
+        # The request that created it, whatever became of the job since (an operator may
+        # have requeued it to another provider); a job from before the hash: its spec.
+        same = (
+            earlier.request_hash == asked
+            if earlier.request_hash
+            else _canonical(earlier.spec.to_json()) == _canonical(spec.to_json())
+        )
+        if not same:
             raise Problem.field(
                 422,
                 "Idempotency-Key",
@@ -220,6 +235,12 @@ async def create_job(request: Request) -> Response:
     job = await visible_job(request, who, result.id)
     status = 201 if result.created else 200
     return JSONResponse(job, status, headers={"Location": job["links"]["self"]})
+
+
+def _request_hash(spec: JobSpec, queue: str) -> str:
+    """What a job was asked as: its spec (keys in one order) and its queue."""
+    blob = json.dumps([_canonical(spec.to_json()), queue], separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _canonical(spec_json: str) -> str:

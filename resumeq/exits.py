@@ -11,7 +11,6 @@ janitor carries it out (:mod:`resumeq.outbox`). Nothing is lost and nothing runs
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -81,13 +80,12 @@ def _commit(
         )
         return action
     if action in ("retry", "resume"):
-        delay_ms = math.ceil(decision.delay_s * 1000)
         store.release(
             lease,
             to="queued",
             reason=decision.reason,
             ledger=ledger,
-            delay_ms=delay_ms,
+            delay_ms=decision.delay_ms,
             progressed=progressed,
         )
         return "queued"

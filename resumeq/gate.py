@@ -31,6 +31,7 @@ that ran that long, as any real one does, continues with no delay at all).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -112,6 +113,11 @@ class Decision(BaseModel):
     #: For ``retry`` and ``resume``: seconds to wait before the next attempt.
     delay_s: float = 0.0
 
+    @property
+    def delay_ms(self) -> int:
+        """The delay in whole milliseconds, rounded up (never shorter than chosen)."""
+        return math.ceil(self.delay_s * 1000)
+
 
 def backoff_s(attempt: int, jitter: float) -> float:
     """Exponential backoff after ``attempt`` attempts with "equal" jitter: between half
@@ -123,15 +129,15 @@ def backoff_s(attempt: int, jitter: float) -> float:
 
 
 def _delay(job: JobView, cut: Cut, jitter: float) -> float:
+    # A worker that went away (a handoff, a death) says nothing about the provider.
+    worker_gone = cut.kind in ("worker_died", "handoff")
     if cut.retry_after_s is not None:
         delay = min(cut.retry_after_s, RETRY_AFTER_CAP_S)
-    elif cut.kind in ("worker_died", "handoff") or job.progressed:
+    elif worker_gone or job.progressed:
         delay = 0.0  # the provider was working (or the worker went away): continue at once
     else:
         delay = backoff_s(job.failures + 1, jitter)
-    # Never a hot loop, however fast the provider cuts; a worker that goes away (a handoff,
-    # a death) says nothing about the provider and hands on at once.
-    if job.attempt_s is not None and cut.kind not in ("worker_died", "handoff"):
+    if job.attempt_s is not None and not worker_gone:  # never a hot loop
         delay = max(delay, MIN_ATTEMPT_GAP_S - job.attempt_s)
     return delay
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import reprlib
 import threading
 import time
@@ -349,7 +348,7 @@ class Janitor:
             cut="worker_died",
             detail="lease expired; reaped by " + self.name,
             reason=decision.reason[:500],
-            delay_ms=math.ceil(decision.delay_s * 1000),
+            delay_ms=decision.delay_ms,
             provider=record.spec.provider,
             prefix_tokens=record.attempt_spent_base,
             output_tokens_persisted=d.tokens,
@@ -508,7 +507,7 @@ class _Dead:
             return lambda s: s.finish(lease, state="failed", error=reason, ledger=ledger)
         if action in ("retry", "resume"):
             self.state = "queued"
-            delay_ms = math.ceil(decision.delay_s * 1000)
+            delay_ms = decision.delay_ms
             return lambda s: s.release(
                 lease,
                 to="queued",

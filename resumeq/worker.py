@@ -11,7 +11,6 @@ written by the same script.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import threading
 import time
@@ -242,6 +241,7 @@ class AttemptRunner:
         # A handoff is no failure of the provider's: it neither starts nor lengthens a run
         # of attempts that delivered nothing.
         progressed = ckpt.flushed_tokens > 0 or ckpt.flushed_chars > 0 or handoff
+        now_ms = _now_ms()
         view = JobView(
             budget_tokens=record.budget_tokens,
             floor_tokens=record.floor_tokens,
@@ -257,9 +257,9 @@ class AttemptRunner:
                 record,
                 progressed=progressed,
                 window_s=self.worker.retry_window_s,
-                now_ms=_now_ms(),
+                now_ms=now_ms,
             ),
-            attempt_s=max(0.0, (_now_ms() - started) / 1000.0),
+            attempt_s=max(0.0, (now_ms - started) / 1000.0),
         )
         decision = decide(view, result.cut, jitter=random.random())
         handed_on = handoff and decision.action in ("retry", "resume")
@@ -589,7 +589,7 @@ class AttemptRunner:
             cut=cut.kind if cut else None,
             detail=(cut.detail if cut else "")[:500],
             reason=decision.reason[:500] if decision else "",
-            delay_ms=math.ceil(decision.delay_s * 1000) if decision else 0,
+            delay_ms=decision.delay_ms if decision else 0,
             provider=record.spec.provider,
             max_tokens=plan.max_tokens if plan else None,
             prefix_tokens=record.spent_output_tokens,

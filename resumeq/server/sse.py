@@ -97,10 +97,6 @@ class Feed:
         self._wake.set()
         self._wake = asyncio.Event()
 
-    def caught_up(self, index: int) -> bool:
-        """Whether a follower at ``index`` has every entry read so far."""
-        return index >= len(self.entries)
-
     def after(self, revision: int) -> int:
         """Where the entries after ``revision`` begin."""
         return bisect.bisect_right(self.revisions, revision)
@@ -165,8 +161,8 @@ async def follow(
     if trimmed is not None:
         ended = False
         async for revision, fields in hub.client.events(job_id, after=after):
+            ended = ended or fields.get("state") in ENDING_STATES
             for frame in frames(revision, fields):
-                ended = ended or frame.startswith(f"id: {revision}\nevent: end")
                 yield frame
         if not ended:
             yield event("end", None, {"state": trimmed})
@@ -187,7 +183,7 @@ async def _from_feed(feed: Feed, after: int, keepalive_s: float) -> AsyncIterato
         ready = [rendered for revision, rendered in feed.entries[index:] if revision > after]
         index = len(feed.entries)
         state = feed.state
-        if state is not None and state[1] == SPILLED and feed.caught_up(index):
+        if state is not None and state[1] == SPILLED:
             # Resting on the spill lane: the follower is told so, and goes.
             ready.append(event("end", state[0], {"state": SPILLED}).encode())
             yield b"".join(ready)

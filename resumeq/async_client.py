@@ -163,7 +163,7 @@ class AsyncClient:
     async def wait(self, job_id: str, timeout: float) -> Job:
         """Wait until the job ends (or spills: it then waits for a person); raise
         ``TimeoutError`` after ``timeout`` seconds."""
-        record = await self._record(job_id)
+        record = await self.record(job_id)
         if not is_resting(record):
             deadline = time.monotonic() + timeout
             async with aclosing(
@@ -211,7 +211,7 @@ class AsyncClient:
         """Events after revision ``after``, blocking (without blocking the loop) for more,
         until a resting state."""
         cursor = EventCursor(job_id, after=after, deadline=deadline, stop_at_spill=stop_at_spill)
-        cursor.start(await self._record(job_id))  # JobNotFound for an unknown job
+        cursor.start(await self.record(job_id))  # JobNotFound for an unknown job
         while not cursor.ended:
             if cursor.gap:
                 job = await self.get(job_id)
@@ -226,7 +226,10 @@ class AsyncClient:
             for entry in cursor.take(reply):
                 yield entry
 
-    async def _record(self, job_id: str) -> JobRecord:
+    async def record(self, job_id: str) -> JobRecord:
+        """The job's record alone (no text); :class:`~resumeq.errors.JobNotFound` for an
+        unknown job."""
+
         async def fields(r: redis.asyncio.Redis) -> Any:
             return await r.hgetall(keys.job(job_id))
 

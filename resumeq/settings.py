@@ -230,9 +230,13 @@ class ServerSettings(BaseModel):
     max_body_bytes: int = Field(default=1_048_576, gt=0)
     #: An SSE follower with nothing new gets a comment this often (seconds).
     keepalive_s: float = Field(default=15.0, gt=0)
-    #: Jobs one server process follows at once (one Redis connection each, however many
-    #: followers each has); a follower of one more is a 503 with Retry-After.
+    #: Jobs one server process follows at once (their text is kept in memory while
+    #: followed, however many followers each has); a follower of one more is a 503 with
+    #: Retry-After.
     max_followed_jobs: int = Field(default=2_000, gt=0)
+    #: Event streams one producer may hold open on one server process (operators and
+    #: viewers are not counted); one more is a 429 with Retry-After. 0: no limit.
+    max_streams_per_producer: int = Field(default=1_000, ge=0)
 
     @model_validator(mode="after")
     def _distinct(self) -> ServerSettings:

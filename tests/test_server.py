@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.routing import Route
 
+from resumeq import keys
 from resumeq.fake import FakeProvider
 from resumeq.producer import enqueue_job
 from resumeq.server import create_app
@@ -44,6 +46,14 @@ TOKENS = {
 
 def secret(who: str) -> str:
     return f"rq_test_token_for_{who}"
+
+
+def token_entries() -> list[dict[str, str]]:
+    """``[server] tokens`` for :data:`TOKENS`."""
+    return [
+        {"sha256": hashlib.sha256(secret(w).encode()).hexdigest(), "role": r, "name": n}
+        for w, (r, n) in TOKENS.items()
+    ]
 
 
 def auth(who: str | None) -> dict[str, str]:
@@ -94,10 +104,7 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
             "counting": "usage",
             "stall_timeout_s": 2.0,
         }
-        tokens = [
-            {"sha256": hashlib.sha256(secret(w).encode()).hexdigest(), "role": r, "name": n}
-            for w, (r, n) in TOKENS.items()
-        ]
+        tokens = token_entries()
         port = free_port()
         config = write_config(
             tmp / "resumeq.toml",
@@ -410,7 +417,7 @@ def test_the_role_matrix(api: Api) -> None:
 def test_a_bad_body_is_a_problem_naming_the_field_and_nothing_is_written(
     api: Api, body: bytes, status: int, field_: str
 ) -> None:
-    before = api.store.redis.dbsize()
+    before = records(api)
     response = api.as_("web").post(
         "/v1/jobs", content=body, headers={"Content-Type": "application/json"}
     )
@@ -418,7 +425,15 @@ def test_a_bad_body_is_a_problem_naming_the_field_and_nothing_is_written(
     problem = response.json()
     assert response.headers["content-type"] == "application/problem+json"
     assert problem["status"] == status and field_ in problem["detail"]
-    assert api.store.redis.dbsize() == before
+    assert records(api) == before
+
+
+def records(api: Api) -> set[bytes]:
+    """What creating a job writes first: its record, and its idempotency key if it has one
+    (not every key: the module's other jobs' workers and janitor write beside the test)."""
+    redis = api.store.redis
+    jobs = {k for k in redis.scan_iter(match="resumeq:job:*", count=1000) if k.endswith(b"}")}
+    return jobs | set(redis.scan_iter(match="resumeq:idem:*", count=1000))
 
 
 def test_sizes_ids_revisions_and_media_types(api: Api) -> None:
@@ -643,14 +658,31 @@ def test_metrics_parse_and_their_token_totals_equal_the_ledgers(api: Api) -> Non
     assert api.as_("web").get("/metrics").status_code == 403
 
 
-def test_followers_share_one_reader_and_leave_nothing_running(api: Api) -> None:
+def test_followers_of_several_jobs_share_one_read_and_leave_nothing_running(api: Api) -> None:
+    """Five followers of two jobs: two feeds, one blocking XREAD on one connection; all of
+    it gone once they go."""
     api.fake.token_delay_ms = 30
-    job = api.create("A slow answer for many followers at once.")
-    wait_for(lambda: api.store.get(job["id"]).spent_output_tokens > 0, timeout_s=20)
+    jobs = [api.create(f"A slow answer for many followers at once, number {n}.") for n in (1, 2)]
+    for job in jobs:
+        wait_for(lambda j=job: api.store.get(j["id"]).spent_output_tokens > 0, timeout_s=20)
     streams, readers = [], []
     clients = [httpx.Client(base_url=api.base, timeout=30) for _ in range(5)]
+
+    def gauges() -> tuple[float, float, float]:
+        samples = scrape(api)
+        return (
+            samples["resumeq_server_followers"][()],
+            samples["resumeq_server_feeds"][()],
+            samples["resumeq_server_readers"][()],
+        )
+
+    def blocked_reads() -> int:
+        clients = api.store.redis.client_list()
+        return sum(1 for c in clients if c["cmd"] == "xread" and "b" in c["flags"])
+
     try:
-        for client in clients:
+        for n, client in enumerate(clients):
+            job = jobs[n % 2]
             stream = client.stream("GET", f"/v1/jobs/{job['id']}/events", headers=auth("web"))
             response = stream.__enter__()
             assert response.status_code == 200
@@ -658,23 +690,19 @@ def test_followers_share_one_reader_and_leave_nothing_running(api: Api) -> None:
             assert next(lines) == ": following"
             streams.append(stream)
             readers.append(lines)
-
-        def gauges() -> tuple[float, float]:
-            samples = scrape(api)
-            return (
-                samples["resumeq_server_followers"][()],
-                samples["resumeq_server_feeds"][()],
-            )
-
-        assert wait_for(lambda: gauges() == (5, 1), timeout_s=10, what="5 followers, 1 reader")
+        wait_for(lambda: gauges() == (5, 2, 1), timeout_s=10, what="5 followers, 2 feeds, 1 read")
+        wait_for(lambda: blocked_reads() == 1, timeout_s=5, what="one blocking read")
+        assert max(blocked_reads() for _ in range(20)) == 1
         for stream in streams:
             stream.__exit__(None, None, None)  # the followers go away mid-stream
     finally:
         for client in clients:
             client.close()
-    wait_for(lambda: gauges() == (0, 0), timeout_s=10, what="no follower and no reader left")
-    assert api.store.get(job["id"]).state.value == "running"  # the job itself goes on
-    api.as_("web").post(f"/v1/jobs/{job['id']}/cancel")
+    wait_for(lambda: gauges() == (0, 0, 0), timeout_s=10, what="no follower, feed or read left")
+    wait_for(lambda: blocked_reads() == 0, timeout_s=5, what="no blocking read left")
+    for job in jobs:
+        assert api.store.get(job["id"]).state.value == "running"  # the job itself goes on
+        api.as_("web").post(f"/v1/jobs/{job['id']}/cancel")
 
 
 def test_a_server_following_its_most_jobs_answers_503_for_one_more(
@@ -701,6 +729,61 @@ def test_a_server_following_its_most_jobs_answers_503_for_one_more(
     finally:
         api.store.cancel(first)
         api.store.cancel(second)
+
+
+def test_concurrent_followers_never_pass_the_limits_together(api: Api, tmp_path: Path) -> None:
+    """Twelve followers of six jobs at once, on a server that follows at most three jobs
+    and lets a producer hold at most four streams: the checks and the join are one step,
+    so no burst slips past either; an operator is not counted against a producer."""
+    spec = {"prompt": "Waiting on a queue nobody serves.", "provider": "fake", "model": "m",
+            "budget_tokens": 20}  # fmt: skip
+    ids = [
+        enqueue_job(api.store, api.store.redis, {**spec, "prompt": f"Job {n}."}, queue="nobody").id
+        for n in range(6)
+    ]
+    for job_id in ids:  # the API's producer owns them (enqueued here without an owner)
+        api.store.redis.hset(keys.job(job_id), "owner", TOKENS["web"][1])
+    redis_url = api.cluster.env["RESUMEQ_REDIS_URL"]
+    limits = {"max_followed_jobs": 3, "max_streams_per_producer": 4, "tokens": token_entries()}
+    held: list[Any] = []
+    try:
+        with (
+            another_server(tmp_path, redis_url, api=api, **limits) as base,
+            httpx.Client(base_url=base, timeout=30) as client,
+        ):
+
+            def open_one(job_id: str, who: str) -> int:
+                stream = client.stream("GET", f"/v1/jobs/{job_id}/events", headers=auth(who))
+                response = stream.__enter__()
+                if response.status_code == 200:
+                    lines = response.iter_lines()  # kept: a reader dropped closes its stream
+                    held.append((stream, lines))
+                    next(lines)
+                else:
+                    response.read()
+                    stream.__exit__(None, None, None)
+                return response.status_code
+
+            with ThreadPoolExecutor(12) as pool:
+                codes = list(pool.map(open_one, ids + ids, ["web"] * 12))
+            assert codes.count(200) == 4, codes  # the producer's cap
+            assert set(codes) <= {200, 429, 503}, codes
+            followed = {j for j, c in zip(ids + ids, codes, strict=True) if c == 200}
+            assert len(followed) <= 3  # the server's cap on jobs
+            assert open_one(next(iter(followed)), "ops") == 200  # an operator: not capped
+            refused = client.get(f"/v1/jobs/{ids[0]}/events", headers=auth("web"))
+            assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
+            assert "max_streams_per_producer" in refused.json()["detail"]
+            for stream, _ in held:
+                stream.__exit__(None, None, None)
+            held.clear()
+            # Freed as the server sees them go: the producer follows again.
+            wait_for(lambda: open_one(ids[0], "web") == 200, timeout_s=10, what="a stream freed")
+    finally:
+        for stream, _ in held:
+            stream.__exit__(None, None, None)
+        for job_id in ids:
+            api.store.cancel(job_id)
 
 
 def test_openapi_names_every_route_and_the_job_spec(api: Api) -> None:

@@ -282,23 +282,31 @@ async def job_events(request: Request) -> Response:
             "Last-Event-ID" if "last-event-id" in request.headers else "after",
             f"revision {after} is beyond the job's last ({job['revision']})",
         )
-    assert svc.hub is not None
-    if job_id not in svc.hub.feeds and len(svc.hub.feeds) >= svc.server.max_followed_jobs:
+    record = await svc.run(svc.store.get, job_id)
+    hub = svc.hub
+    assert hub is not None
+    if record.events_trimmed is not None:  # ended a while ago: its text, from a snapshot
+        body = sse.replay(hub.client, job_id, after=after, state=record.state.value)
+        return sse.EventStream(body)
+    # Checked and joined with no await between: concurrent requests cannot all pass.
+    if job_id not in hub.feeds and len(hub.feeds) >= svc.server.max_followed_jobs:
         raise Problem(
             503,
-            f"this server follows {len(svc.hub.feeds)} jobs, its most ([server] "
+            f"this server follows {len(hub.feeds)} jobs, its most ([server] "
             "max_followed_jobs): try again, or another server process",
             headers={"Retry-After": RETRY_AFTER_S},
         )
-    record = await svc.run(svc.store.get, job_id)
-    body = sse.follow(
-        svc.hub,
-        job_id,
-        after=after,
-        keepalive_s=svc.server.keepalive_s,
-        trimmed=record.state.value if record.events_trimmed is not None else None,
-    )
-    return sse.EventStream(body, headers=sse.HEADERS)
+    cap = svc.server.max_streams_per_producer
+    if who.role == "producer" and cap and hub.by_principal[who.name] >= cap:
+        raise Problem(
+            429,
+            f"{who.name} holds {hub.by_principal[who.name]} event streams on this server, "
+            "its most ([server] max_streams_per_producer): close one, or try again",
+            headers={"Retry-After": RETRY_AFTER_S},
+        )
+    feed = hub.join(job_id, who.name)
+    body = sse.follow(feed, after=after, keepalive_s=svc.server.keepalive_s)
+    return sse.EventStream(body, release=lambda: hub.leave(feed, who.name))
 
 
 def _after(request: Request) -> int:
@@ -464,9 +472,13 @@ async def get_metrics(request: Request) -> Response:
         "# TYPE resumeq_server_followers gauge\n"
         f"resumeq_server_followers {hub.followers if hub else 0}\n"
         "# HELP resumeq_server_feeds Jobs whose events this server process reads (one "
-        "reader each, whatever the followers).\n"
+        "feed each, whatever the followers).\n"
         "# TYPE resumeq_server_feeds gauge\n"
         f"resumeq_server_feeds {len(hub.feeds) if hub else 0}\n"
+        "# HELP resumeq_server_readers Blocking reads of Redis this server process runs "
+        f"for its feeds (one for up to {sse.READER_JOBS} jobs).\n"
+        "# TYPE resumeq_server_readers gauge\n"
+        f"resumeq_server_readers {hub.reading if hub else 0}\n"
     )
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -527,8 +539,9 @@ def create_app(settings: Settings) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         svc.client = AsyncClient.from_url(
             settings.redis_url,
-            # One connection per followed job (its feed's blocking read), and some to spare.
-            max_connections=settings.file.server.max_followed_jobs + 16,
+            # Each reader of followed jobs holds one (its blocking read); each request in
+            # flight one for a moment: a burst of followers connecting at once needs many.
+            max_connections=settings.file.server.max_followed_jobs + 64,
             # Above the event reads' one-second blocks.
             socket_timeout=REDIS_TIMEOUT_S,
             socket_connect_timeout=REDIS_TIMEOUT_S,

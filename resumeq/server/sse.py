@@ -6,11 +6,12 @@ a spill, after which the stream closes. A client that reconnects with ``Last-Eve
 ``?after=``) gets exactly the text it has not seen: the revisions and the events are the
 ones :class:`~resumeq.client.EventCursor` reads for ``Client.follow``.
 
-Followers of one job share one reader per process (:class:`Hub`): a thousand followers
-of a job cost one blocking read of Redis, not a thousand. The response listens for the
-client's disconnect itself, whatever ASGI version the server speaks; the follower leaves
-the hub at once, and the job's reader stops with its last follower: nothing is left
-running after followers go away.
+Followers of one job share one feed per process (:class:`Hub`), and the feeds share a few
+blocking reads (:class:`Reader`, one for up to :data:`READER_JOBS` jobs): a thousand
+followers of a hundred jobs cost one XREAD at a time and one Redis connection, not a
+thousand. The response listens for the client's disconnect itself, whatever ASGI version
+the server speaks; the follower leaves the hub at once, a feed goes with its last follower
+and a reader's task with its last feed: nothing is left running after followers go away.
 """
 
 from __future__ import annotations
@@ -19,20 +20,35 @@ import asyncio
 import bisect
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from resumeq import keys
 from resumeq.async_client import AsyncClient
+from resumeq.client import EventCursor
+from resumeq.errors import JobNotFound
 from resumeq.models import JobState
+from resumeq.store import redis_errors
 
 #: States after which nothing more happens to a job; a spill waits for a person (a follower
 #: is told ``end`` while it is the job's latest state, and a requeue goes on from there).
 ENDING_STATES = frozenset(s.value for s in JobState if s.terminal)
 SPILLED = JobState.SPILLED.value
+
+#: The most jobs one blocking read covers: each read sends every stream's key and id, so a
+#: few readers of a few hundred beat one of thousands.
+READER_JOBS = 256
+#: How long a read blocks (then quiet jobs are probed: purged, or their events trimmed).
+BLOCK_MS = 1000
+PROBE_S = 1.0
+#: How soon an unblock that found the read not yet blocking tries again.
+UNBLOCK_RETRY_S = 0.002
 
 #: What proxies must not do to an event stream: buffer it (nginx), cache it, transform it.
 HEADERS = {
@@ -62,12 +78,14 @@ def frames(revision: int, fields: dict[str, str]) -> list[str]:
 
 
 class Feed:
-    """One job's events, read once for every follower of the job in this process: one
-    reader, from the job's first revision, keeping what it read (a job's events are its
-    text in pieces: bounded by the job), waking the followers as each arrives."""
+    """One job's events, read once for every follower of the job in this process (by its
+    :class:`Reader`), keeping what was read (a job's events are its text in pieces: bounded
+    by the job) and waking the followers as each arrives."""
 
-    def __init__(self, client: AsyncClient, job_id: str) -> None:
+    def __init__(self, job_id: str) -> None:
         self.job_id = job_id
+        self.cursor = EventCursor(job_id, after=0, deadline=None, stop_at_spill=False)
+        self.started = False  # the cursor has the job's record
         self.entries: list[tuple[int, bytes]] = []  # each entry's revision and SSE frames
         self.revisions: list[int] = []
         self.done = False
@@ -75,22 +93,28 @@ class Feed:
         #: The job's latest state read, with its revision.
         self.state: tuple[int, str] | None = None
         self.followers = 0
+        self.quiet_since = time.monotonic()  # the last entry read, or the last probe
         self._wake = asyncio.Event()
-        self._reader = asyncio.create_task(self._read(client), name=f"resumeq-feed:{job_id}")
 
-    async def _read(self, client: AsyncClient) -> None:
-        try:
-            async for revision, fields in client.events(self.job_id, after=0, stop_at_spill=False):
-                # Rendered once for every follower.
-                self.entries.append((revision, "".join(frames(revision, fields)).encode()))
-                self.revisions.append(revision)
-                if fields.get("state"):
-                    self.state = (revision, fields["state"])
-                self._notify()
-        except Exception as exc:  # the followers' streams end; their clients reconnect
-            self.error = exc
-        finally:
+    def add(self, entries: list[tuple[int, dict[str, str]]]) -> None:
+        for revision, fields in entries:
+            # Rendered once for every follower.
+            self.entries.append((revision, "".join(frames(revision, fields)).encode()))
+            self.revisions.append(revision)
+            if fields.get("state"):
+                self.state = (revision, fields["state"])
+        if entries:
+            self.quiet_since = time.monotonic()
+            self._notify()
+        if self.cursor.ended:
+            self.finish(None)
+
+    def finish(self, error: BaseException | None) -> None:
+        """No more entries: the job ended, or its read failed (the followers' streams end;
+        their clients reconnect)."""
+        if not self.done:
             self.done = True
+            self.error = error
             self._notify()
 
     def _notify(self) -> None:
@@ -111,71 +135,229 @@ class Feed:
             return False
         return True
 
+
+class Reader:
+    """One blocking XREAD for the events streams of up to :data:`READER_JOBS` feeds, on a
+    connection of its own: a process following a thousand jobs holds a handful of
+    connections, not a thousand, and an event on any of them wakes one task.
+
+    A feed that joins while the read blocks unblocks it (``CLIENT UNBLOCK``: nothing is
+    written to Redis), so that the next read includes it at once. A job quiet for
+    :data:`PROBE_S` is probed (one pipelined HMGET for all of them), as
+    :class:`~resumeq.client.EventCursor` asks: a purged job ends its feed, a trimmed one is
+    read from its snapshot. The task runs while the reader has feeds, and stops with the
+    last one."""
+
+    def __init__(self, client: AsyncClient, name: str) -> None:
+        self.client = client
+        self.name = name
+        self.feeds: dict[bytes, Feed] = {}  # by events stream key
+        self._task: asyncio.Task[None] | None = None
+        self._probed = time.monotonic()
+        self._connection_id: int | None = None  # of the read's connection, while it blocks
+        #: A feed joined since the running read was sent: it must be unblocked.
+        self._stale = False
+        self._pokes: set[asyncio.Task[None]] = set()  # unblocks in flight, held until done
+
+    def add(self, feed: Feed) -> None:
+        self.feeds[keys.events(feed.job_id).encode()] = feed
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name=self.name)
+        elif not self._stale:
+            self._stale = True
+            poke = asyncio.create_task(self._unblock(), name=f"{self.name}:unblock")
+            self._pokes.add(poke)
+            poke.add_done_callback(self._pokes.discard)
+
+    def remove(self, feed: Feed) -> None:
+        """A feed whose followers went: its stream is not read again (nothing to wake:
+        a read already blocking on it only returns what nobody takes)."""
+        key = keys.events(feed.job_id).encode()
+        if self.feeds.get(key) is feed:
+            del self.feeds[key]
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def _unblock(self) -> None:
+        """Ends the running read early. It may not have reached Redis yet (it goes out on
+        another connection): then again, until it is unblocked or has returned by itself
+        (the next read includes the new feed)."""
+        with contextlib.suppress(Exception):  # the read returns within a second anyway
+            while self._stale and self._connection_id is not None:
+                if await self.client.redis.client_unblock(self._connection_id):
+                    return
+                await asyncio.sleep(UNBLOCK_RETRY_S)
+
+    async def _run(self) -> None:
+        async with self.client.redis.client() as connection:  # one connection, held
+            while self.feeds:
+                try:
+                    await self._start_new()
+                    if not self.feeds:
+                        break
+                    if self._connection_id is None:
+                        with redis_errors("follow"):
+                            self._connection_id = await connection.client_id()
+                    streams: dict[Any, Any] = {}
+                    for each in self.feeds.values():
+                        streams.update(each.cursor.streams)
+                    self._stale = False
+                    with redis_errors("follow"):
+                        reply: Any = await connection.xread(
+                            streams, count=EventCursor.count, block=BLOCK_MS
+                        )
+                    for stream, entries in reply or ():
+                        target = self.feeds.get(stream)
+                        if target is not None and not target.done:
+                            await self._take(target, [(stream, entries)])
+                    await self._probe()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # every feed of this read ends; followers reconnect
+                    self._connection_id = None  # a new connection, if any, has a new id
+                    for each in self.feeds.values():
+                        each.finish(exc)
+                    self.feeds.clear()
+            self._connection_id = None
+
+    async def _start_new(self) -> None:
+        """The job record of each feed that joined since the last read."""
+        for key, feed in list(self.feeds.items()):
+            if feed.started:
+                continue
+            feed.started = True
+            try:
+                feed.cursor.start(await self.client.record(feed.job_id))
+                await self._fill(feed)
+            except JobNotFound as exc:
+                feed.finish(exc)
+            if feed.done and self.feeds.get(key) is feed:
+                del self.feeds[key]
+
+    async def _take(self, feed: Feed, reply: Any) -> None:
+        feed.add(feed.cursor.take(reply))
+        await self._fill(feed)
+        if feed.done:
+            self.remove(feed)
+
+    async def _fill(self, feed: Feed) -> None:
+        """A job whose events are gone (trimmed) is read from one snapshot, once."""
+        if feed.cursor.gap:
+            job = await self.client.get(feed.job_id)
+            feed.add(feed.cursor.fill(job.record, job.text))
+
+    async def _probe(self) -> None:
+        now = time.monotonic()
+        if now - self._probed < PROBE_S:
+            return
+        self._probed = now
+        quiet = [f for f in self.feeds.values() if now - f.quiet_since >= PROBE_S]
+        if not quiet:
+            return
+        async with self.client.redis.pipeline(transaction=False) as pipe:
+            for feed in quiet:
+                pipe.hmget(feed.cursor.job_key, feed.cursor.probe)
+            with redis_errors("follow"):
+                probed = await pipe.execute()
+        for feed, fields in zip(quiet, probed, strict=True):
+            feed.quiet_since = now
+            try:
+                feed.cursor.idle(fields)
+            except JobNotFound as exc:
+                feed.finish(exc)
+                self.remove(feed)
+                continue
+            await self._fill(feed)
+            if feed.done:
+                self.remove(feed)
+
     async def close(self) -> None:
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        for task in [self._task, *self._pokes]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self.feeds.clear()
 
 
 class Hub:
-    """The feeds of this process, one per followed job, gone with their last follower."""
+    """The feeds of this process, one per followed job, gone with their last follower,
+    read by as few :class:`Reader` s as hold them."""
 
     def __init__(self, client: AsyncClient) -> None:
         self.client = client
         self.feeds: dict[str, Feed] = {}
+        self.readers: list[Reader] = []
+        self._reader_of: dict[str, Reader] = {}
         self.followers = 0
+        #: Followers by the principal that opened them.
+        self.by_principal: Counter[str] = Counter()
 
-    def join(self, job_id: str) -> Feed:
+    def join(self, job_id: str, principal: str) -> Feed:
         feed = self.feeds.get(job_id)
         if feed is None or feed.done:  # a job requeued after its spill: read it afresh
-            feed = self.feeds[job_id] = Feed(self.client, job_id)
+            if feed is not None:
+                self._reader_of.pop(job_id).remove(feed)
+            feed = self.feeds[job_id] = Feed(job_id)
+            reader = next((r for r in self.readers if len(r.feeds) < READER_JOBS), None)
+            if reader is None:
+                reader = Reader(self.client, f"resumeq-reader:{len(self.readers)}")
+                self.readers.append(reader)
+            reader.add(feed)
+            self._reader_of[job_id] = reader
         feed.followers += 1
         self.followers += 1
+        self.by_principal[principal] += 1
         return feed
 
-    async def leave(self, feed: Feed) -> None:
+    def leave(self, feed: Feed, principal: str) -> None:
         feed.followers -= 1
         self.followers -= 1
-        if feed.followers == 0:
-            if self.feeds.get(feed.job_id) is feed:
-                del self.feeds[feed.job_id]
-            await feed.close()
+        self.by_principal[principal] -= 1
+        if not self.by_principal[principal]:
+            del self.by_principal[principal]
+        if feed.followers == 0 and self.feeds.get(feed.job_id) is feed:
+            del self.feeds[feed.job_id]
+            self._reader_of.pop(feed.job_id).remove(feed)
+
+    @property
+    def reading(self) -> int:
+        """Readers whose task runs."""
+        return sum(1 for r in self.readers if r.running)
 
     async def close(self) -> None:
-        for feed in list(self.feeds.values()):
-            await feed.close()
+        for reader in self.readers:
+            await reader.close()
+        self.readers.clear()
         self.feeds.clear()
+        self._reader_of.clear()
 
 
-async def follow(
-    hub: Hub, job_id: str, *, after: int, keepalive_s: float, trimmed: str | None
+async def replay(
+    client: AsyncClient, job_id: str, *, after: int, state: str
 ) -> AsyncIterator[str | bytes]:
+    """The body for a job whose events the janitor removed already (it ended a while ago:
+    ``state``): one snapshot read of its own, the text after ``after`` and ``end``."""
+    yield ": following\n\n"
+    ended = False
+    async for revision, fields in client.events(job_id, after=after):
+        ended = ended or fields.get("state") in ENDING_STATES
+        for frame in frames(revision, fields):
+            yield frame
+    if not ended:
+        yield event("end", None, {"state": state})
+
+
+async def follow(feed: Feed, *, after: int, keepalive_s: float) -> AsyncIterator[bytes]:
     """The stream's body: the job's events after revision ``after`` until it ends (or
     rests on the spill lane), with a comment every ``keepalive_s`` while nothing happens,
-    and ``end`` last — also for a follower that had seen everything already. A live job's
-    events come from its feed, shared with every other follower here; a job whose events
-    the janitor removed already (``trimmed``: its state) is one snapshot read of its own. A
-    read that fails (Redis gone, the job purged) ends the stream without ``end``; the client
-    reconnects from its last id."""
-    yield ": following\n\n"  # the headers go out now, not with the first event
-    if trimmed is not None:
-        ended = False
-        async for revision, fields in hub.client.events(job_id, after=after):
-            ended = ended or fields.get("state") in ENDING_STATES
-            for frame in frames(revision, fields):
-                yield frame
-        if not ended:
-            yield event("end", None, {"state": trimmed})
-        return
-    feed = hub.join(job_id)
-    try:
-        async for chunk in _from_feed(feed, after, keepalive_s):
-            yield chunk
-    finally:
-        await hub.leave(feed)
-
-
-async def _from_feed(feed: Feed, after: int, keepalive_s: float) -> AsyncIterator[bytes]:
+    and ``end`` last — also for a follower that had seen everything already. The events
+    come from the job's feed, shared with every other follower here. A read that fails
+    (Redis gone, the job purged) ends the stream without ``end``; the client reconnects
+    from its last id."""
+    yield b": following\n\n"  # the headers go out now, not with the first event
     index = feed.after(after)  # what the feed has read so far is skipped at once
     sent = False  # any of the job's events, on this connection
     while True:
@@ -204,9 +386,19 @@ async def _from_feed(feed: Feed, after: int, keepalive_s: float) -> AsyncIterato
 
 class EventStream(StreamingResponse):
     """A streaming response that stops, and cancels its body, as soon as the client
-    disconnects (Starlette does so only for servers older than ASGI 2.4)."""
+    disconnects (Starlette does so only for servers older than ASGI 2.4); ``release``
+    runs when it is over, however it ends."""
 
     media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        body: AsyncIterator[str | bytes],
+        *,
+        release: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(body, headers=HEADERS)
+        self.release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -226,3 +418,5 @@ class EventStream(StreamingResponse):
             if close is not None:
                 with anyio.CancelScope(shield=True):
                     await close()
+            if self.release is not None:
+                self.release()

@@ -1,13 +1,14 @@
 # make test: the one command a newcomer runs. It creates .venv, installs resumeq with its
 # dev extras, makes sure a redis-server binary exists (the tests start their own servers
-# on free ports) and runs lint, type checks and the whole suite.
+# on free ports) and Debian's chromium (the console's browser tests), and runs lint, type
+# checks and the whole suite.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint typecheck pytest redis-server bench soak clean
+.PHONY: test demo lint typecheck pytest redis-server chromium bench soak clean
 
 test: lint typecheck pytest
 
@@ -29,6 +30,18 @@ redis-server:
 	  fi; }
 	@redis-server --version
 
+# The console's browser tests drive the system's chromium (Playwright never downloads one).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "chromium missing: installing Debian's package"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else \
+	    echo "chromium not found: install it first (sudo apt-get install chromium)"; exit 1; \
+	  fi; }
+	@chromium --version
+
 demo: $(STAMP)
 	$(BIN)/resumeq demo
 
@@ -41,7 +54,7 @@ typecheck: $(STAMP)
 
 # Two workers: most tests wait on processes and sockets, and every test starts its own
 # servers on free ports, so they run side by side (plain `pytest` runs them one by one).
-pytest: $(STAMP) redis-server
+pytest: $(STAMP) redis-server chromium
 	$(BIN)/pytest -n 2
 
 # Reduced sizes (about 7 minutes in all); BENCHMARKS.md has the full-size commands.

@@ -25,10 +25,11 @@ import os
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from _peer_env import peer_python
 
 if TYPE_CHECKING:
     import redis
@@ -37,8 +38,6 @@ if TYPE_CHECKING:
 
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
-#: Where arq's environment is made (inside resumeq's own, which git ignores).
-ENV_DIR = ROOT / ".venv" / "arq-peer"
 #: The function name jobs are enqueued under, and the arq queue.
 FUNCTION = "stream_job"
 QUEUE = "arq:peer"
@@ -59,25 +58,9 @@ def text_key(job_id: str) -> str:
 # -- the driver's side (resumeq's environment) -------------------------------------------------
 
 
-def requirements() -> list[str]:
-    """The ``arq-peer`` extra of pyproject.toml: the one place arq's version is pinned."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    return list(project["project"]["optional-dependencies"]["arq-peer"])
-
-
 def arq_python() -> str:
     """The interpreter of arq's environment, made (and the extra installed) on first use."""
-    python = ENV_DIR / "bin" / "python"
-    wanted = requirements()
-    stamp = ENV_DIR / ".installed"
-    if python.exists() and stamp.exists() and stamp.read_text() == json.dumps(wanted):
-        return str(python)
-    print(f"making arq's environment ({', '.join(wanted)}) in {ENV_DIR}", file=sys.stderr)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(ENV_DIR)], check=True)
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, *wanted], check=True)
-    stamp.write_text(json.dumps(wanted))
-    return str(python)
+    return peer_python("arq-peer")
 
 
 def start_worker(

@@ -78,6 +78,9 @@ SCHEDULE_GRACE_S = 3.0
 MIN_BYTES_PER_TOKEN = 2.0
 #: RQ's registries are cleaned at most this often.
 REGISTRY_INTERVAL_S = 15.0
+#: The oldest entries of the index of every job checked at each registry clean: an entry
+#: whose job expired (its retention ran out) goes.
+JOBS_INDEX_CHECKED = 500
 #: Expired leases reaped together: each step of a batch is one pipelined round trip.
 REAP_BATCH = 500
 #: Batches one sweep reaps at most (several processes died at once): the rest wait for
@@ -120,6 +123,7 @@ class Janitor:
                 report.trimmed.append(job_id)
         if time.monotonic() - self._last_registry_clean >= REGISTRY_INTERVAL_S:
             self._safe(report, self._clean_registries)
+            self._safe(report, self.store.forget_expired, JOBS_INDEX_CHECKED)
             self._last_registry_clean = time.monotonic()
         return report
 

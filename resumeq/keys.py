@@ -33,6 +33,13 @@ OUTBOX = f"{PREFIX}:outbox"
 RUNNING = f"{PREFIX}:running"
 STALLED = f"{PREFIX}:stalled"
 ENDED = f"{PREFIX}:ended"
+#: Job id → when it was created: every job, newest last, for listings (an entry whose job
+#: expired is removed by whoever meets it: a listing, the janitor).
+JOBS = f"{PREFIX}:jobs"
+#: What operators did (who, when, what, which jobs): a capped stream (:mod:`resumeq.audit`).
+AUDIT = f"{PREFIX}:audit"
+#: A console session, by the SHA-256 of its cookie (:mod:`resumeq.server.console`).
+CONSOLE_SESSION = f"{PREFIX}:console:session"
 #: Running totals over every ledger record written (tokens, attempts, cuts) and jobs ended
 #: by state: what ``stats`` and the metrics read, in O(1).
 TOTALS = f"{PREFIX}:totals"
@@ -112,6 +119,11 @@ def idempotency(key: str) -> str:
     if not IDEMPOTENCY_KEY_RE.match(key):
         raise ValueError(f"malformed idempotency key {key!r}")
     return f"{PREFIX}:idem:{key}"
+
+
+def totals_day(day: str) -> str:
+    """The totals of the ledger records written on ``day`` (``YYYY-MM-DD``, UTC)."""
+    return f"{TOTALS}:day:{day}"
 
 
 def totals_of(provider: str) -> str:

@@ -298,16 +298,19 @@ def requeue_spilled(
     queue: str | None = None,
     provider: str | None = None,
     budget: int | None = None,
+    floor: int | None = None,
 ) -> str:
     """Send a spilled job back to ``queue`` (default: its own), maybe with another
-    provider profile or a larger budget; its parked RQ job in the spill lane is replaced
-    (the outbox does it, or the janitor if this process dies first). Answers the queue."""
+    provider profile, a larger budget or another floor; its parked RQ job in the spill
+    lane is replaced (the outbox does it, or the janitor if this process dies first).
+    Answers the queue."""
     record = store.get(job_id)
     store.requeue(
         job_id,
         queue=queue,
         provider=provider,
         budget=budget,
+        floor=floor,
         expected_revision=record.revision,
     )
     outbox.complete(store, store.redis, job_id)

@@ -209,7 +209,14 @@ class Store:
         spec = parse_spec(spec, limits=self.limits)
         check_queue(queue)
         job_id = keys.check_job_id(job_id) if job_id is not None else uuid.uuid4().hex
-        job_keys = [keys.job(job_id), keys.QUEUED, keys.outbox(job_id), keys.OUTBOX, keys.TOTALS]
+        job_keys = [
+            keys.job(job_id),
+            keys.QUEUED,
+            keys.outbox(job_id),
+            keys.OUTBOX,
+            keys.TOTALS,
+            keys.JOBS,
+        ]
         if spec.idempotency_key is not None:
             job_keys.append(keys.idempotency(spec.idempotency_key))
         args: list[str | int] = [
@@ -256,17 +263,19 @@ class Store:
         queue: str | None = None,
         provider: str | None = None,
         budget: int | None = None,
+        floor: int | None = None,
         expected_revision: int | None = None,
     ) -> int:
-        """Send a spilled job back to a queue, maybe another one, another provider or a
-        larger budget. Answers the new revision.
+        """Send a spilled job back to a queue, maybe another one, another provider, a
+        larger budget or another floor. Answers the new revision.
 
         Naming another provider profile re-pins the prompt hash to the edited spec: the
         operator chose to continue the stored prefix there. A new ``budget`` must leave
-        room past what was already spent (the budget is not part of the prompt hash).
+        room past what was already spent, and the floor must fit in what is left (neither
+        is part of the prompt hash): :class:`ValueError` naming the field, nothing written.
         """
         spec_json, new_hash = "", ""
-        if provider is not None or budget is not None:
+        if provider is not None or budget is not None or floor is not None:
             record = self.get(job_id)
             update: dict[str, Any] = {}
             if provider is not None:
@@ -278,6 +287,14 @@ class Store:
                         f"{record.spent_output_tokens} tokens already spent"
                     )
                 update["budget_tokens"] = budget
+            if floor is not None:
+                left = (budget or record.budget_tokens) - record.spent_output_tokens
+                if not 1 <= floor <= left:
+                    raise ValueError(
+                        f"floor_tokens: {floor} must be from 1 to the {left} tokens left "
+                        "(else the job spills again at once)"
+                    )
+                update["floor_tokens"] = floor
             edited = record.spec.model_dump(mode="json") | update
             spec = parse_spec(edited, limits=self.limits)
             spec_json, new_hash = spec.to_json(), spec.prompt_hash()
@@ -296,6 +313,7 @@ class Store:
             _optional(expected_revision),
             request_id(),
             budget if budget is not None else "",
+            floor if floor is not None else "",
         ]
         return self._write("requeue", job_keys, args, job_id, expected_revision)
 
@@ -367,6 +385,7 @@ class Store:
             keys.RUNNING,
             keys.STALLED,
             keys.ENDED,
+            keys.JOBS,
             *self._idempotency_key_of(job_id),
         ]
         status, *rest = self._run("purge", job_keys, [job_id], job_id, tries=WRITE_TRIES)
@@ -490,11 +509,28 @@ class Store:
             return 0
         self._refused(status, rest, job_id, "trim_events")
 
-    def totals(self, provider: str | None = None) -> dict[str, int]:
-        """The running totals (all jobs', or one provider's)."""
-        key = keys.totals_of(provider) if provider else keys.TOTALS
+    def totals(self, provider: str | None = None, *, day: str | None = None) -> dict[str, int]:
+        """The running totals (all jobs', or one provider's), or those of the ledger records
+        written on ``day`` (``YYYY-MM-DD``, UTC; kept 40 days)."""
+        if day is not None:
+            key = keys.totals_day(day)
+        else:
+            key = keys.totals_of(provider) if provider else keys.TOTALS
         raw = self._read("totals", lambda r: r.hgetall(key))
         return {_s(k): int(v) for k, v in raw.items()}
+
+    def forget_expired(self, count: int) -> int:
+        """Remove from the index of every job the oldest entries (up to ``count`` looked
+        at) whose job is gone (retention ran out); answers how many went."""
+        oldest = [_s(m) for m in self._read("jobs", lambda r: r.zrange(keys.JOBS, 0, count - 1))]
+        if not oldest:
+            return 0
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in oldest:
+                pipe.exists(keys.job(job_id))
+            alive = pipe.execute()
+        gone = [job_id for job_id, n in zip(oldest, alive, strict=True) if not n]
+        return int(self.redis.zrem(keys.JOBS, *gone)) if gone else 0
 
     def live_counts(self) -> dict[str, int]:
         """How many jobs are in each state that is not terminal, now."""
@@ -1151,9 +1187,14 @@ _ENDING_INDEXES = (keys.RUNNING, keys.STALLED, keys.ENDED)
 
 
 def _totals_keys(entry: Mapping[str, Any] | None) -> list[str]:
-    """The running totals a ledger record adds to: all jobs', and its provider's."""
+    """The running totals a ledger record adds to: all jobs', its provider's, and today's
+    (UTC, by this process's clock: a record written at midnight may count for either day)."""
     provider = (entry or {}).get("provider")
-    return [keys.TOTALS, keys.totals_of(provider) if provider else keys.TOTALS]
+    return [
+        keys.TOTALS,
+        keys.totals_of(provider) if provider else keys.TOTALS,
+        keys.totals_day(time.strftime("%Y-%m-%d", time.gmtime())),
+    ]
 
 
 def _totals_json(entry: Mapping[str, Any] | None) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 import redis
 from test_cli import run
 
-from resumeq import keys
+from resumeq import audit, keys
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 
@@ -129,6 +129,10 @@ def test_drop_all_by_provider(redis_server: RedisServer, real_store: Store) -> N
         assert (record.state.value, record.reason) == ("dropped", "budget cut")
         assert real_store.text(job_id) == "partial answer"  # still readable
     assert [e["id"] for e in listed(url)] == [kept]
+    # The audit log has it, as the login name that ran it.
+    entries, _ = audit.page(real_store.redis)
+    assert [(e.action, sorted(e.jobs), e.via) for e in entries] == [("drop", sorted(paid), "cli")]
+    assert "budget cut" in entries[0].detail and "@" in entries[0].who
 
 
 def test_bulk_needs_all_or_an_id_never_both(redis_server: RedisServer, real_store: Store) -> None:

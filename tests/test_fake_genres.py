@@ -209,6 +209,15 @@ def check_mixed(text: str) -> None:
     assert text.count(passage.group(1)) >= 2
 
 
+def check_html(text: str) -> None:
+    assert text.startswith("Here is the page you asked for:\n\n```html\n")
+    scripts = re.findall(r"<script>\n(?:.*\n)*?</script>\n", text)
+    assert len(scripts) >= 2 and "alert(" in scripts[0]
+    handlers = re.findall(r'<img src="[a-z]+\.png" onerror="alert\(\'[a-z]+\'\)"', text)
+    assert len(handlers) >= 2
+    assert "&amp;" in text and "&lt;" in text and 'href="javascript:' in text
+
+
 CHECKS: dict[str, Callable[[str], None]] = {
     name[len("check_") :]: check for name, check in globals().items() if name.startswith("check_")
 }

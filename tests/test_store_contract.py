@@ -477,6 +477,10 @@ def test_a_garbled_counter_refuses_writes_before_any_change(store: Store) -> Non
     assert raw[b"state"] == b"failed" and raw[b"revision"] == b"2"
 
 
+def totals_today() -> bytes:
+    return keys.totals_day(time.strftime("%Y-%m-%d", time.gmtime())).encode()
+
+
 def test_purge_removes_everything_a_job_owns(store: Store) -> None:
     got = started(store, idempotency_key="to-forget")
     job_id = got.lease.job_id
@@ -494,8 +498,11 @@ def test_purge_removes_everything_a_job_owns(store: Store) -> None:
             keys.outbox(other).encode(),  # its first attempt, to be enqueued
             keys.OUTBOX.encode(),
             keys.TOTALS.encode(),  # what was ever counted stays counted
+            totals_today(),
+            keys.JOBS.encode(),  # the other job's entry
         ]
     )
+    assert store.redis.zrange(keys.JOBS, 0, -1) == [other.encode()]
     with pytest.raises(JobNotFound):
         store.purge(job_id)
     # The idempotency key is free again: a new job, not the purged one.
@@ -518,5 +525,10 @@ def test_terminal_jobs_expire_after_the_retention(store: Store) -> None:
             keys.RUNNING.encode(),
             keys.ENDED.encode(),  # until the janitor trims the ended job's events
             keys.TOTALS.encode(),
+            totals_today(),
+            # the expired job's entry goes when a listing or the janitor meets it
+            keys.JOBS.encode(),
         ]
     )
+    assert short.forget_expired(100) == 1
+    assert short.redis.zrange(keys.JOBS, 0, -1) == [running.lease.job_id.encode()]

@@ -4,7 +4,9 @@ resolve to, one-line errors and JSON output."""
 from __future__ import annotations
 
 import functools
+import getpass
 import json
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import click
 
+from resumeq import audit
 from resumeq.errors import ConfigError, JobNotFound, ResumeqError
 from resumeq.settings import Settings, load_settings
 from resumeq.store import Store, redis_errors
@@ -46,6 +49,24 @@ class Context:
                 self.settings.redis_url, settings=file.store, limits=file.limits
             )
         return self._store
+
+    def audit(self, action: str, jobs: list[str], detail: str = "") -> None:
+        """An operator action from the command line, in the audit log (as the login name
+        on this host: the command line has no token)."""
+        try:
+            who = f"{getpass.getuser()}@{socket.gethostname()}"
+        except (KeyError, OSError):  # no login name in this environment
+            who = f"unknown@{socket.gethostname()}"
+        if jobs:
+            audit.record(
+                self.store.redis,
+                who=who,
+                role="operator",
+                action=action,
+                jobs=jobs,
+                detail=detail,
+                via="cli",
+            )
 
 
 def _fail(message: str, code: int = EXIT_ERROR) -> None:

@@ -226,6 +226,7 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
     try:
         revision = obj.store.cancel(job_id, reason=reason)
         already_ended = False
+        obj.audit("cancel", [job_id], reason)
     except InvalidTransition as exc:
         if not JobState(exc.state).terminal:
             raise
@@ -250,6 +251,7 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
 def purge(obj: Context, job_id: str, as_json: bool) -> None:
     """Remove a job and everything it owns now (a running job: cancel it first)."""
     removed = obj.store.purge(job_id)
+    obj.audit("purge", [job_id])
     if as_json:
         _emit({"id": job_id, "purged": True, "keys_removed": removed})
     else:

@@ -173,9 +173,12 @@ def spill_requeue(
     def requeue(one: str) -> str:
         return ops.requeue_spilled(obj.store, one, queue=to_queue, provider=provider, budget=budget)
 
+    changes = {"to": to_queue, "provider": provider, "budget": budget}
+    detail = " ".join(f"{k}={v}" for k, v in changes.items() if v is not None)
     if _single(job_id, every, filters, "--from-provider"):
         assert job_id is not None
         queue = requeue(job_id)
+        obj.audit("requeue", [job_id], detail)
         if as_json:
             _emit({"id": job_id, "state": "queued", "queue": queue})
         else:
@@ -194,6 +197,7 @@ def spill_requeue(
     if not _confirmed(obj, "requeue", where, yes, as_json, to=to):
         return
     result = ops.bulk(obj.store, requeue, where)
+    obj.audit("requeue", result.done, f"{detail} all matching".strip())
     _report(result, "requeued", as_json)
 
 
@@ -222,6 +226,7 @@ def spill_drop(
     if _single(job_id, every, filters):
         assert job_id is not None
         ops.drop_spilled(obj.store, job_id, reason=why)
+        obj.audit("drop", [job_id], why)
         if as_json:
             _emit({"id": job_id, "state": "dropped"})
         else:
@@ -231,6 +236,7 @@ def spill_drop(
     if not _confirmed(obj, "drop", where, yes, as_json):
         return
     result = ops.bulk(obj.store, lambda one: ops.drop_spilled(obj.store, one, reason=why), where)
+    obj.audit("drop", result.done, f"{why} (all matching)")
     _report(result, "dropped", as_json)
 
 

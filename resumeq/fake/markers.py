@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 Genre = Literal[
-    "prose", "code", "table", "song", "laughter", "periodic", "list", "unicode", "mixed"
+    "prose", "code", "table", "song", "laughter", "periodic", "list", "unicode", "mixed", "html"
 ]
 GENRES: tuple[Genre, ...] = get_args(Genre)
 _BY_NAME: dict[str, Genre] = {genre: genre for genre in GENRES}

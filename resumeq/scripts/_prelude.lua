@@ -134,7 +134,9 @@ local function record_attempt(job, ledger, attempt, entry)
   return true
 end
 
-local function add_totals(totals, by_provider, deltas)
+-- ``day``: the same totals for the day (UTC) the record is written, kept DAY_TOTALS_TTL_S.
+local DAY_TOTALS_TTL_S = 40 * 86400
+local function add_totals(totals, by_provider, deltas, day)
   if deltas == '' then
     return
   end
@@ -143,6 +145,12 @@ local function add_totals(totals, by_provider, deltas)
     if by_provider and by_provider ~= totals then
       redis.call('HINCRBY', by_provider, field, n)
     end
+    if day then
+      redis.call('HINCRBY', day, field, n)
+    end
+  end
+  if day then
+    redis.call('EXPIRE', day, DAY_TOTALS_TTL_S)
   end
 end
 

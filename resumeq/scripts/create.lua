@@ -1,7 +1,8 @@
 -- create: write a job record before the first call (state queued, cursor 0, revision 0),
 -- with its first attempt in the outbox.
 -- KEYS[1] job hash   KEYS[2] queued zset   KEYS[3] outbox hash   KEYS[4] outbox zset
--- KEYS[5] totals hash   KEYS[6] idempotency key (optional)
+-- KEYS[5] totals hash   KEYS[6] every job by creation time   KEYS[7] idempotency key
+-- (optional)
 -- ARGV[1] job id   ARGV[2] spec JSON   ARGV[3] prompt hash   ARGV[4] budget tokens
 -- ARGV[5] floor tokens   ARGV[6] queue name   ARGV[7] idempotency key as given
 -- ARGV[8] request id   ARGV[9] the principal that creates it ('' for none: the HTTP
@@ -9,7 +10,8 @@
 -- ARGV[10] a hash of the request that created it ('' for none: what the HTTP service
 --   compares a repeated Idempotency-Key's body with, whatever became of the job since)
 -- Answers: {'created', id} | {'exists', id} | {'idempotency_conflict', id} | {'id_taken', id}
-local job, queued, outbox, pending, totals, idem = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local job, queued, outbox, pending, totals = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local all_jobs, idem = KEYS[6], KEYS[7]
 local id, hash, queue = ARGV[1], ARGV[3], ARGV[6]
 
 if replayed(job, ARGV[8]) then
@@ -45,6 +47,7 @@ if ARGV[10] and ARGV[10] ~= '' then
   redis.call('HSET', job, 'request_hash', ARGV[10])
 end
 redis.call('ZADD', queued, fmt(now), id)
+redis.call('ZADD', all_jobs, fmt(now), id)
 redis.call('HINCRBY', totals, 'jobs:created', 1)
 next_attempt_due(job, outbox, pending, id, queue, '1', now, now)
 if idem then

@@ -4,7 +4,8 @@
 -- KEYS[1] job hash   KEYS[2] lease   KEYS[3] leases zset   KEYS[4] events stream
 -- KEYS[5] text   KEYS[6] ledger list   KEYS[7] outbox hash   KEYS[8] outbox zset
 -- KEYS[9] running zset   KEYS[10] stalled zset   KEYS[11] ended zset   KEYS[12] totals
--- KEYS[13] the provider's totals   KEYS[14] idempotency key (optional)
+-- KEYS[13] the provider's totals   KEYS[14] the day's totals   KEYS[15] idempotency key
+-- (optional)
 -- ARGV[1] fencing token   ARGV[2] expected revision ('' for any)   ARGV[3] 'done' | 'failed'
 -- ARGV[4] finish reason   ARGV[5] error   ARGV[6] ledger record JSON ('' for none)
 -- ARGV[7] retention (s)   ARGV[8] request id   ARGV[9] the ledger record's totals (JSON)
@@ -14,7 +15,7 @@
 --   | {'corrupt', field}
 local job, lease, leases, events, text, ledger = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local outbox, pending, running, stalled = KEYS[7], KEYS[8], KEYS[9], KEYS[10]
-local ended_index, totals, by_provider, idem = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
+local ended_index, totals, by_provider, day, idem = KEYS[11], KEYS[12], KEYS[13], KEYS[14], KEYS[15]
 local to_state = ARGV[3]
 
 if to_state ~= 'done' and to_state ~= 'failed' then
@@ -44,7 +45,7 @@ redis.call('ZREM', leases, id)
 redis.call('ZREM', running, id)
 redis.call('ZREM', stalled, id)
 if record_attempt(job, ledger, redis.call('HGET', job, 'attempt'), ARGV[6]) then
-  add_totals(totals, by_provider, ARGV[9])
+  add_totals(totals, by_provider, ARGV[9], day)
 end
 ended(totals, ended_index, id, to_state, now, job)
 redis.call('HDEL', outbox, 'attempt')

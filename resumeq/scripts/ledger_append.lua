@@ -2,9 +2,10 @@
 -- by a cancel, fenced out, its job purged — with what it received. Not fenced: written at
 -- most once per attempt (an attempt whose exit, or a janitor, recorded it is left alone).
 -- KEYS[1] job hash   KEYS[2] ledger list   KEYS[3] totals   KEYS[4] the provider's totals
+-- KEYS[5] the day's totals
 -- ARGV[1] attempt number   ARGV[2] ledger record JSON   ARGV[3] its totals (JSON)
 -- Answers: {'ok'} | {'recorded'} | {'not_found'}
-local job, ledger, totals, by_provider = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local job, ledger, totals, by_provider, day = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
 if redis.call('EXISTS', job) == 0 then
   return { 'not_found' }
@@ -12,5 +13,5 @@ end
 if not record_attempt(job, ledger, ARGV[1], ARGV[2]) then
   return { 'recorded' }
 end
-add_totals(totals, by_provider, ARGV[3])
+add_totals(totals, by_provider, ARGV[3], day)
 return { 'ok' }

@@ -7,7 +7,7 @@
 -- KEYS[5] queued zset   KEYS[6] spilled zset   KEYS[7] text   KEYS[8] ledger list
 -- KEYS[9] outbox hash   KEYS[10] outbox zset   KEYS[11] running zset   KEYS[12] stalled zset
 -- KEYS[13] ended zset   KEYS[14] totals   KEYS[15] the provider's totals
--- KEYS[16] idempotency key (optional)
+-- KEYS[16] the day's totals   KEYS[17] idempotency key (optional)
 -- ARGV[1] fencing token   ARGV[2] expected revision ('' for any)
 -- ARGV[3] 'queued' | 'abandoned' | 'spilled'   ARGV[4] reason
 -- ARGV[5] ledger record JSON ('' for none)   ARGV[6] retention (s)   ARGV[7] request id
@@ -21,7 +21,7 @@
 local job, lease, leases, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local queued, spilled, text, ledger = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local outbox, pending, running, stalled = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-local ended_index, totals, by_provider, idem = KEYS[13], KEYS[14], KEYS[15], KEYS[16]
+local ended_index, totals, by_provider, day, idem = KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17]
 local to_state = ARGV[3]
 
 if to_state ~= 'queued' and to_state ~= 'abandoned' and to_state ~= 'spilled' then
@@ -60,7 +60,7 @@ redis.call('ZREM', leases, id)
 redis.call('ZREM', running, id)
 redis.call('ZREM', stalled, id)
 if record_attempt(job, ledger, redis.call('HGET', job, 'attempt'), ARGV[5]) then
-  add_totals(totals, by_provider, ARGV[10])
+  add_totals(totals, by_provider, ARGV[10], day)
 end
 if to_state == 'queued' then
   redis.call('ZADD', queued, fmt(now), id)

@@ -1,6 +1,6 @@
 -- requeue: an operator sends a spilled job back to a queue (spilled -> queued), maybe to
--- another queue, with another provider profile (a reserved or paid lane) or a larger
--- budget. Its spill
+-- another queue, with another provider profile (a reserved or paid lane), a larger
+-- budget or another floor. Its spill
 -- count stays: a job that fails again after a spill goes to failed, never back to spill.
 -- The next attempt goes into the outbox in the same step.
 -- KEYS[1] job hash   KEYS[2] queued zset   KEYS[3] spilled zset   KEYS[4] events stream
@@ -8,6 +8,7 @@
 -- ARGV[1] queue ('' to keep)   ARGV[2] spec JSON ('' to keep)   ARGV[3] its prompt hash
 -- ARGV[4] revision the operator looked at ('' for any)   ARGV[5] request id
 -- ARGV[6] a new budget ('' to keep; the spec in ARGV[2] carries it too)
+-- ARGV[7] a new floor ('' to keep; the spec in ARGV[2] carries it too)
 -- Answers: {'ok', revision} | {'not_found'} | {'wrong_state', state}
 --   | {'stale_revision', current} | {'corrupt', field}
 local job, queued, spilled, events = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -34,6 +35,9 @@ if ARGV[2] ~= '' then
 end
 if ARGV[6] ~= '' then
   redis.call('HSET', job, 'budget_tokens', ARGV[6])
+end
+if ARGV[7] ~= '' then
+  redis.call('HSET', job, 'floor_tokens', ARGV[7])
 end
 redis.call('HSET', job, 'state', 'queued', 'reason', 'requeued from spill', 'failures', '0')
 -- a person chose to try again: the run of failures that spilled it starts over

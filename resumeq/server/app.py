@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from resumeq import keys, metrics
+from resumeq import audit, keys, metrics
 from resumeq.async_client import AsyncClient
 from resumeq.connection import connect
 from resumeq.errors import (
@@ -57,6 +57,7 @@ from resumeq.server.auth import (
     Tokens,
     is_loopback,
 )
+from resumeq.server.console import Console
 from resumeq.server.openapi import document
 from resumeq.server.problems import Problem
 from resumeq.settings import Role, Settings, load_settings
@@ -99,6 +100,19 @@ class Service:
     async def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """A synchronous operation, in a worker thread."""
         return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+    def audit(self, who: Principal, action: str, job_id: str, detail: str = "") -> None:
+        """An operator action over the API, in the audit log (a producer cancelling its own
+        job too: it changes what a job does)."""
+        audit.record(
+            self.store.redis,
+            who=who.name,
+            role=who.role,
+            action=action,
+            jobs=[job_id],
+            detail=detail,
+            via="api",
+        )
 
     def close(self) -> None:
         self.store.redis.close()
@@ -333,6 +347,7 @@ async def cancel_job(request: Request) -> Response:
     job_id = job_id_of(request)
     await visible_job(request, who, job_id)
     await svc.run(svc.store.cancel, job_id, reason=f"cancelled by {who.name} over HTTP")
+    await svc.run(svc.audit, who, "cancel", job_id)
     return JSONResponse(await visible_job(request, who, job_id))
 
 
@@ -341,11 +356,12 @@ async def job_resource(request: Request) -> Response:
 
 
 async def delete_job(request: Request) -> Response:
-    principal(request, CAN_OPERATE)
+    who = principal(request, CAN_OPERATE)
     svc = service(request)
     job_id = job_id_of(request)
     await svc.run(svc.store.get, job_id)  # 404 for an unknown job
     await svc.run(svc.store.purge, job_id)
+    await svc.run(svc.audit, who, "purge", job_id)
     return Response(status_code=204)
 
 
@@ -419,6 +435,8 @@ async def spill_requeue(request: Request) -> Response:
         known = ", ".join(sorted(svc.settings.file.providers)) or "none configured"
         raise Problem.field(422, "provider", f"unknown provider {provider!r} (known: {known})")
     await svc.run(requeue_spilled, svc.store, job_id, queue=to, provider=provider)
+    detail = " ".join(f"{k}={v}" for k, v in (("to", to), ("provider", provider)) if v)
+    await svc.run(svc.audit, who, "requeue", job_id, detail)
     return JSONResponse(await visible_job(request, who, job_id))
 
 
@@ -427,6 +445,7 @@ async def spill_drop(request: Request) -> Response:
     svc = service(request)
     job_id = job_id_of(request)
     await svc.run(drop_spilled, svc.store, job_id, reason=f"dropped by {who.name} over HTTP")
+    await svc.run(svc.audit, who, "drop", job_id)
     return JSONResponse(await visible_job(request, who, job_id))
 
 
@@ -570,6 +589,7 @@ def create_app(settings: Settings) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", get_metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        *Console(svc).routes(),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         Problem: _handle,

@@ -22,7 +22,7 @@ import contextlib
 import json
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -32,7 +32,7 @@ from starlette.types import Receive, Scope, Send
 from resumeq import keys
 from resumeq.async_client import AsyncClient
 from resumeq.client import EventCursor
-from resumeq.errors import JobNotFound
+from resumeq.errors import RedisUnavailable
 from resumeq.models import JobState
 from resumeq.store import redis_errors
 
@@ -191,50 +191,68 @@ class Reader:
                 await asyncio.sleep(UNBLOCK_RETRY_S)
 
     async def _run(self) -> None:
-        async with self.client.redis.client() as connection:  # one connection, held
-            while self.feeds:
-                try:
-                    await self._start_new()
-                    if not self.feeds:
-                        break
-                    if self._connection_id is None:
-                        with redis_errors("follow"):
-                            self._connection_id = await connection.client_id()
-                    streams: dict[Any, Any] = {}
-                    for each in self.feeds.values():
-                        streams.update(each.cursor.streams)
-                    self._stale = False
-                    with redis_errors("follow"):
-                        reply: Any = await connection.xread(
-                            streams, count=EventCursor.count, block=BLOCK_MS
-                        )
-                    for stream, entries in reply or ():
-                        target = self.feeds.get(stream)
-                        if target is not None and not target.done:
-                            await self._take(target, [(stream, entries)])
-                    await self._probe()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # every feed of this read ends; followers reconnect
-                    self._connection_id = None  # a new connection, if any, has a new id
-                    for each in self.feeds.values():
-                        each.finish(exc)
-                    self.feeds.clear()
-            self._connection_id = None
+        # Outer loop: a feed that joins while the connection is being given back (the task
+        # not done yet, so no new task was started for it) is read on a fresh one.
+        while self.feeds:
+            try:
+                async with self.client.redis.client() as connection:  # one connection, held
+                    while self.feeds:
+                        await self._read(connection)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis failed: every feed ends; followers reconnect
+                for each in self.feeds.values():
+                    each.finish(exc)
+                self.feeds.clear()
+            finally:
+                self._connection_id = None  # a new connection has a new id
+
+    async def _read(self, connection: Any) -> None:
+        await self._start_new()
+        if not self.feeds:
+            return
+        if self._connection_id is None:
+            with redis_errors("follow"):
+                self._connection_id = await connection.client_id()
+        sent = dict(self.feeds)  # the feeds this read is for
+        streams: dict[Any, Any] = {}
+        for each in sent.values():
+            streams.update(each.cursor.streams)
+        self._stale = False
+        with redis_errors("follow"):
+            reply: Any = await connection.xread(streams, count=EventCursor.count, block=BLOCK_MS)
+        for stream, entries in reply or ():
+            target = sent.get(stream)
+            # A feed replaced while the read blocked (its job followed afresh) is not the
+            # one these entries continue.
+            if target is not None and self.feeds.get(stream) is target and not target.done:
+                await self._contained(target, self._take(target, [(stream, entries)]))
+        await self._probe()
+
+    async def _contained(self, feed: Feed, step: Awaitable[None]) -> None:
+        """One job's step: what goes wrong with that job ends its feed alone (Redis
+        failing ends them all, above)."""
+        try:
+            await step
+        except RedisUnavailable:
+            raise
+        except Exception as exc:
+            feed.finish(exc)
+            self.remove(feed)
 
     async def _start_new(self) -> None:
-        """The job record of each feed that joined since the last read."""
-        for key, feed in list(self.feeds.items()):
-            if feed.started:
-                continue
-            feed.started = True
-            try:
-                feed.cursor.start(await self.client.record(feed.job_id))
-                await self._fill(feed)
-            except JobNotFound as exc:
-                feed.finish(exc)
-            if feed.done and self.feeds.get(key) is feed:
-                del self.feeds[key]
+        """The job record of each feed that joined since the last read (also of those that
+        join meanwhile)."""
+        while new := [f for f in self.feeds.values() if not f.started]:
+            for feed in new:
+                feed.started = True
+                await self._contained(feed, self._start(feed))
+
+    async def _start(self, feed: Feed) -> None:
+        feed.cursor.start(await self.client.record(feed.job_id))
+        await self._fill(feed)
+        if feed.done:
+            self.remove(feed)
 
     async def _take(self, feed: Feed, reply: Any) -> None:
         feed.add(feed.cursor.take(reply))
@@ -263,15 +281,13 @@ class Reader:
                 probed = await pipe.execute()
         for feed, fields in zip(quiet, probed, strict=True):
             feed.quiet_since = now
-            try:
-                feed.cursor.idle(fields)
-            except JobNotFound as exc:
-                feed.finish(exc)
-                self.remove(feed)
-                continue
-            await self._fill(feed)
-            if feed.done:
-                self.remove(feed)
+            await self._contained(feed, self._idle(feed, fields))
+
+    async def _idle(self, feed: Feed, fields: list[Any]) -> None:
+        feed.cursor.idle(fields)  # JobNotFound for a job purged
+        await self._fill(feed)
+        if feed.done:
+            self.remove(feed)
 
     async def close(self) -> None:
         for task in [self._task, *self._pokes]:

@@ -13,7 +13,17 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator
 
-from resumeq.fake.genres import code, laughter, listing, mixed, periodic, song, table, unicode
+from resumeq.fake.genres import (
+    code,
+    html,
+    laughter,
+    listing,
+    mixed,
+    periodic,
+    song,
+    table,
+    unicode,
+)
 from resumeq.fake.genres.draws import Draws
 from resumeq.fake.markers import Genre
 from resumeq.fake.text import canonical_tokens, default_length, draw, tokenize
@@ -31,6 +41,7 @@ SECTIONS: dict[Genre, tuple[Sections, int, int]] = {
     "list": (listing.sections, 400, 600),
     "unicode": (unicode.sections, 400, 600),
     "mixed": (mixed.sections, 1000, 1300),
+    "html": (html.sections, 400, 700),
 }
 
 

@@ -226,7 +226,7 @@ def _next(html: str) -> str:
 
 
 def measure_peer(base: str, connection: redis.Redis, requests: int) -> dict[str, Any]:
-    client = httpx.Client(base_url=base, timeout=30)
+    client = httpx.Client(base_url=base, timeout=30, follow_redirects=True)
     finished = [m.decode() for m in connection.zrange(f"rq:finished:{DONE_QUEUE}", 0, 199)]
     waiting = [m.decode() for m in connection.lrange(f"rq:queue:{WAITING_QUEUE}", 0, 199)]
     ids = finished + waiting

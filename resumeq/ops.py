@@ -176,12 +176,13 @@ def job_entry(record: JobRecord) -> dict[str, Any]:
     }
 
 
-def spill_entry(store: Store, record: JobRecord) -> dict[str, Any]:
+def spill_entry(store: Store, record: JobRecord, text: str | None = None) -> dict[str, Any]:
+    """A spilled job in a listing (``text``: its stored prefix, if already read)."""
     return {
         "id": record.id,
         "reason": record.reason,
         "spilled_at": record.spilled_ms,
-        "prefix_chars": len(store.text(record.id)),
+        "prefix_chars": len(text if text is not None else store.text(record.id)),
         "spent_output_tokens": record.spent_output_tokens,
         "budget_tokens": record.budget_tokens,
         "provider": record.spec.provider,
@@ -253,31 +254,31 @@ def spill_page(
     """One page of the spilled jobs that match, oldest spill first, after the position
     ``after`` (a spill time and id, what the previous page answered): the entries, and the
     position to go on from (None: the lane has no more). At most ``SPILL_SCAN_MAX`` jobs
-    are read for one page."""
+    are read for one page, a batch to a round trip."""
     where = where or SpillFilter()
     now_ms = int(time.time() * 1000)
-    found: list[dict[str, Any]] = []
+    found: list[JobRecord] = []
     position = after
     scanned = 0
-    while len(found) < limit:
-        if scanned >= SPILL_SCAN_MAX:
-            return found, position  # a bounded page: go on from here
-        batch = store.spilled_after(position, max(limit, 100))
+    while len(found) < limit and scanned < SPILL_SCAN_MAX:
+        batch = store.spilled_after(position, min(max(limit, 100), SPILL_SCAN_MAX - scanned))
         if not batch:
-            return found, None
-        for job_id, spilled_ms in batch:
+            position = None
+            break
+        for (job_id, spilled_ms), record in zip(
+            batch, store.get_many([job_id for job_id, _ in batch]), strict=True
+        ):
             scanned += 1
             position = (spilled_ms, job_id)
-            try:
-                record = store.get(job_id)
-            except JobNotFound:
-                continue  # requeued or dropped meanwhile, or expired
-            if where.matches(record, now_ms):
-                found.append(spill_entry(store, record))
+            # None: requeued or dropped meanwhile, or expired
+            if record is not None and where.matches(record, now_ms):
+                found.append(record)
                 if len(found) == limit:
-                    more = store.spilled_after(position, 1)
-                    return found, position if more else None
-    return found, position
+                    break
+    if len(found) == limit and position is not None and not store.spilled_after(position, 1):
+        position = None  # that was the last one
+    texts = store.texts([record.id for record in found])
+    return [spill_entry(store, r, t) for r, t in zip(found, texts, strict=True)], position
 
 
 def spill_detail(store: Store, job_id: str) -> dict[str, Any]:

@@ -405,6 +405,32 @@ class Store:
             raise JobNotFound(f"no job {job_id}", job_id=job_id)
         return _record(job_id, {_s(k): _s(v) for k, v in fields.items()})
 
+    def get_many(self, job_ids: Sequence[str]) -> list[JobRecord | None]:
+        """Each job's record, in one round trip (None for a job that is gone)."""
+
+        def all_of(r: redis.Redis) -> list[Any]:
+            with r.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.hgetall(keys.job(job_id))
+                return pipe.execute()
+
+        raw = self._read("get", all_of) if job_ids else []
+        return [
+            _record(job_id, {_s(k): _s(v) for k, v in fields.items()}) if fields else None
+            for job_id, fields in zip(job_ids, raw, strict=True)
+        ]
+
+    def texts(self, job_ids: Sequence[str]) -> list[str]:
+        """Each job's durable prefix, in one round trip ("" for a job that has none)."""
+
+        def all_of(r: redis.Redis) -> list[Any]:
+            with r.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.get(keys.text(job_id))
+                return pipe.execute()
+
+        return [decode_text(raw) for raw in self._read("text", all_of)] if job_ids else []
+
     def snapshot(self, job_id: str) -> tuple[JobRecord, str]:
         """The record and its text as of one revision, read in one transaction: the text
         is never ahead of the revision (a follower resumes after it without repeats)."""

@@ -12,10 +12,9 @@ from typing import Any
 from rq import Queue, Worker
 
 from resumeq import keys
-from resumeq.errors import CorruptRecord
-from resumeq.models import JobRecord, JobState
+from resumeq.models import JobState
 from resumeq.ops import TOTAL_FIELDS, stats, status_dict
-from resumeq.store import SPILL_QUEUE, Store, _record, decode, redis_errors
+from resumeq.store import SPILL_QUEUE, Store, decode, redis_errors
 
 #: States whose jobs have an index of their own (the rest are found through every job's).
 LIVE = {
@@ -27,8 +26,8 @@ LIVE = {
 STATES = tuple(s.value for s in JobState)
 #: The most jobs one page of the job list reads to find its matches: a filter that matches
 #: few answers a shorter page, and the position to go on from.
-SCAN_MAX = 2_000
-BATCH = 200
+SCAN_MAX = 1_000
+BATCH = 250
 #: The most state changes a job page lists.
 MAX_EVENTS = 200
 
@@ -77,16 +76,16 @@ class JobFilter:
     #: A piece of the prompt (any message), case ignored.
     text: str | None = None
 
-    def matches(self, record: JobRecord) -> bool:
-        if self.state and record.state.value != self.state:
+    def matches(self, row: dict[str, Any], messages: list[str]) -> bool:
+        if self.state and row["state"] != self.state:
             return False
-        if self.queue and record.queue != self.queue:
+        if self.queue and row["queue"] != self.queue:
             return False
-        if self.provider and record.spec.provider != self.provider:
+        if self.provider and row["provider"] != self.provider:
             return False
         if self.text:
             needle = self.text.casefold()
-            return any(needle in _content(m.content).casefold() for m in record.spec.chat)
+            return any(needle in m.casefold() for m in messages)
         return True
 
 
@@ -106,28 +105,37 @@ def jobs_page(
     store: Store, where: JobFilter, *, before: tuple[int, str] | None = None, limit: int = 50
 ) -> JobPage:
     """Newest first: from the state's own index for a state that has one, else from the
-    index of every job; at most :data:`SCAN_MAX` jobs read for one page."""
+    index of every job; at most :data:`SCAN_MAX` jobs read for one page, a few fields of
+    each (no job is parsed whole)."""
     index = LIVE.get(where.state or "", keys.JOBS)
+    filtered = bool(where.queue or where.provider or where.text) or (
+        where.state is not None and index == keys.JOBS
+    )
     page = JobPage()
     top: tuple[int, str] | None = before
     while len(page.rows) < limit and page.examined < SCAN_MAX:
-        batch = _before(store, index, top, BATCH)
+        want = min(BATCH if filtered else limit - len(page.rows), SCAN_MAX - page.examined)
+        batch = _before(store, index, top, want)
         if not batch:
             page.next = None
             return page
-        records = _records(store, [job_id for job_id, _ in batch])
-        for (job_id, score), record in zip(batch, records, strict=True):
+        found = _rows(store, [job_id for job_id, _ in batch])
+        gone = []
+        for (job_id, score), got in zip(batch, found, strict=True):
             page.examined += 1
             top = (score, job_id)
-            if record is None:
-                if index == keys.JOBS:
-                    store.redis.zrem(keys.JOBS, job_id)  # expired: forget it
+            if got is None:
+                gone.append(job_id)
                 continue
-            if where.matches(record):
-                page.rows.append(row(record))
+            row, messages = got
+            if where.matches(row, messages):
+                page.rows.append(row)
                 if len(page.rows) == limit:
                     break
-    page.next = top if _before(store, index, top, 1) else None
+        if gone and index == keys.JOBS:
+            with redis_errors("jobs"):
+                store.redis.zrem(keys.JOBS, *gone)  # expired: forgotten
+    page.next = top if top is not None and _before(store, index, top, 1) else None
     return page
 
 
@@ -153,36 +161,45 @@ def _before(
         return same + [(decode(m), int(s)) for m, s in raw]
 
 
-def _records(store: Store, job_ids: Sequence[str]) -> list[JobRecord | None]:
+#: The fields a row of the job list needs.
+ROW_FIELDS = ("state", "queue", "spec", "attempt", "spent_output_tokens", "budget_tokens",
+              "created_ms", "reason")  # fmt: skip
+
+
+def _rows(store: Store, job_ids: Sequence[str]) -> list[tuple[dict[str, Any], list[str]] | None]:
+    """Each job's row and its messages' text (None: gone, or not readable)."""
     with redis_errors("jobs"), store.redis.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
-            pipe.hgetall(keys.job(job_id))
+            pipe.hmget(keys.job(job_id), ROW_FIELDS)
         raw = pipe.execute()
-    out: list[JobRecord | None] = []
-    for job_id, fields in zip(job_ids, raw, strict=True):
+    out: list[tuple[dict[str, Any], list[str]] | None] = []
+    for job_id, values in zip(job_ids, raw, strict=True):
+        f = dict(zip(ROW_FIELDS, [None if v is None else decode(v) for v in values], strict=True))
         try:
-            out.append(_record(job_id, {decode(k): decode(v) for k, v in fields.items()}))
-        except CorruptRecord:
-            out.append(None)
+            spec = json.loads(f["spec"] or "")
+            messages = (
+                [_content(m.get("content")) for m in spec["messages"]]
+                if spec.get("messages") is not None
+                else [str(spec["prompt"])]
+            )
+            row = {
+                "id": job_id,
+                "state": f["state"] or "",
+                "queue": f["queue"] or "",
+                "provider": str(spec.get("provider", "")),
+                "model": str(spec.get("model", "")),
+                "attempt": int(f["attempt"] or 0),
+                "spent": int(f["spent_output_tokens"] or 0),
+                "budget": int(f["budget_tokens"] or 0),
+                "created_ms": int(f["created_ms"] or 0),
+                "prompt": (messages[-1] if messages else "")[:160],
+                "reason": f["reason"] or "",
+            }
+        except (ValueError, KeyError, TypeError, AttributeError):
+            out.append(None)  # gone (no fields), or a record this list cannot read
+            continue
+        out.append((row, messages))
     return out
-
-
-def row(record: JobRecord) -> dict[str, Any]:
-    chat = record.spec.chat
-    prompt = _content(chat[-1].content) if chat else ""
-    return {
-        "id": record.id,
-        "state": record.state.value,
-        "queue": record.queue,
-        "provider": record.spec.provider,
-        "model": record.spec.model,
-        "attempt": record.attempt,
-        "spent": record.spent_output_tokens,
-        "budget": record.budget_tokens,
-        "created_ms": record.created_ms,
-        "prompt": prompt[:160],
-        "reason": record.reason or "",
-    }
 
 
 # -- one job ----------------------------------------------------------------------------------

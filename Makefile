@@ -68,6 +68,7 @@ bench: $(STAMP) redis-server
 	$(BIN)/python benchmarks/concurrency.py --quick
 	$(BIN)/python benchmarks/splice_corpus.py --seeds 1 --cuts 100
 	$(BIN)/python benchmarks/footprint.py --jobs 5
+	$(BIN)/python benchmarks/console.py --jobs 1000 --spilled 100 --requests 10
 
 soak: $(STAMP) redis-server
 	$(BIN)/python benchmarks/chaos.py

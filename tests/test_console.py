@@ -469,6 +469,22 @@ class _EvilSite:
         self.thread.join(timeout=5)
 
 
+def test_pages_fit_a_phone_screen(site: Site, browser: Any) -> None:
+    """Nothing wider than a phone's screen but the tables, which scroll in their own box."""
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True)
+    try:
+        page = context.new_page()
+        login(page, site)
+        for path in ("/console", "/console/jobs", "/console/spill", "/console/audit"):
+            page.goto(site.base + path)
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, f"{path}: {width} px wide"
+        page.goto(f"{site.base}/console")
+        shot(page, "console-overview-phone")
+    finally:
+        context.close()
+
+
 def test_console_pages_carry_their_protections(site: Site) -> None:
     login_page = httpx.get(f"{site.base}/console/login")
     assert 'name="token"' in login_page.text

@@ -3,10 +3,14 @@ job's text, and the overview's counts — against a real Redis."""
 
 from __future__ import annotations
 
+import hashlib
+import time
 from typing import Any
 
 from resumeq import audit, keys
-from resumeq.server.console import data
+from resumeq.server.auth import LOCAL, Principal, Tokens
+from resumeq.server.console import data, session
+from resumeq.settings import ServerToken
 from resumeq.store import Store
 
 
@@ -32,6 +36,22 @@ def test_job_list_pages_newest_first_without_a_repeat_or_a_gap(real_store: Store
     # A state with an index of its own is read from it.
     queued = data.jobs_page(real_store, data.JobFilter(state="queued"), limit=500)
     assert len(queued.rows) == 130 and queued.next is None
+
+
+def test_job_list_pages_through_jobs_created_in_the_same_millisecond(real_store: Store) -> None:
+    ids = [real_store.create(spec(n)).id for n in range(90)]
+    for n, job_id in enumerate(ids):  # three milliseconds, thirty jobs each
+        real_store.redis.zadd(keys.JOBS, {job_id: 1_000 + n // 30})
+    for limit in (7, 30, 31):
+        seen: list[str] = []
+        before = None
+        while True:
+            page = data.jobs_page(real_store, data.JobFilter(), before=before, limit=limit)
+            seen += [row["id"] for row in page.rows]
+            if page.next is None:
+                break
+            before = page.next
+        assert sorted(seen) == sorted(ids) and len(seen) == len(ids), limit
 
 
 def test_job_list_filters_and_reads_at_most_its_bound(real_store: Store) -> None:
@@ -88,3 +108,23 @@ def test_overview_counts_and_audit_pages(real_store: Store) -> None:
     assert [e.jobs for e in first] == [[f"j{n}"] for n in range(6, 1, -1)] and more
     rest, more = audit.page(real_store.redis, before=more, limit=5)
     assert [e.jobs for e in rest] == [["j1"], ["j0"]] and more is None
+
+
+def test_a_session_ends_with_its_age_or_its_token(real_store: Store, monkeypatch: Any) -> None:
+    ops = Principal("ops", "operator")
+    session_id = session.open_session(real_store.redis, ops)
+    found = session.load(real_store.redis, session_id)
+    assert found is not None and found.principal == ops and found.csrf_ok(found.csrf)
+    assert not found.csrf_ok("stale") and not found.csrf_ok(None)
+    assert session.load(real_store.redis, "not-a-session") is None
+    # Used all along, it still ends after MAX_AGE_S.
+    later = time.time() + session.MAX_AGE_S + 1
+    monkeypatch.setattr(time, "time", lambda: later)
+    assert session.load(real_store.redis, session_id) is None
+    assert not list(real_store.redis.scan_iter(f"{keys.CONSOLE_SESSION}:*"))
+    # A token revoked, or its role changed, no longer grants its principal.
+    digest = hashlib.sha256(b"t").hexdigest()
+    tokens = Tokens((ServerToken(sha256=digest, role="operator", name="ops"),))
+    assert tokens.grants(ops)
+    assert not tokens.grants(Principal("ops", "viewer")) and not tokens.grants(LOCAL)
+    assert Tokens(()).grants(LOCAL) and not Tokens(()).grants(ops)

@@ -46,6 +46,13 @@ class Tokens:
         """No token configured: every caller is :data:`LOCAL`."""
         return not self._entries
 
+    def grants(self, principal: Principal) -> bool:
+        """Whether a configured token still names ``principal`` with its role (a console
+        session ends when its token is revoked or its role changes)."""
+        if self.open:
+            return principal == LOCAL
+        return any(known == principal for _, known in self._entries)
+
     def principal(self, authorization: str | None) -> Principal | None:
         """The principal an ``Authorization: Bearer …`` header names, or None."""
         if self.open:

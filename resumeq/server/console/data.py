@@ -167,7 +167,8 @@ ROW_FIELDS = ("state", "queue", "spec", "attempt", "spent_output_tokens", "budge
 
 
 def _rows(store: Store, job_ids: Sequence[str]) -> list[tuple[dict[str, Any], list[str]] | None]:
-    """Each job's row and its messages' text (None: gone, or not readable)."""
+    """Each job's row and its messages' text (None: gone). A record this list cannot read
+    is still listed, saying so: the job page shows what is wrong with it."""
     with redis_errors("jobs"), store.redis.pipeline(transaction=False) as pipe:
         for job_id in job_ids:
             pipe.hmget(keys.job(job_id), ROW_FIELDS)
@@ -175,6 +176,9 @@ def _rows(store: Store, job_ids: Sequence[str]) -> list[tuple[dict[str, Any], li
     out: list[tuple[dict[str, Any], list[str]] | None] = []
     for job_id, values in zip(job_ids, raw, strict=True):
         f = dict(zip(ROW_FIELDS, [None if v is None else decode(v) for v in values], strict=True))
+        if all(v is None for v in f.values()):
+            out.append(None)  # gone: expired, or purged
+            continue
         try:
             spec = json.loads(f["spec"] or "")
             messages = (
@@ -196,7 +200,11 @@ def _rows(store: Store, job_ids: Sequence[str]) -> list[tuple[dict[str, Any], li
                 "reason": f["reason"] or "",
             }
         except (ValueError, KeyError, TypeError, AttributeError):
-            out.append(None)  # gone (no fields), or a record this list cannot read
+            unreadable = {"id": job_id, "state": f["state"] or "?", "queue": f["queue"] or "",
+                          "provider": "", "model": "", "attempt": 0, "spent": 0, "budget": 0,
+                          "created_ms": 0, "prompt": "(its record cannot be read)",
+                          "reason": ""}  # fmt: skip
+            out.append((unreadable, []))
             continue
         out.append((row, messages))
     return out
@@ -211,6 +219,14 @@ def job_view(store: Store, job_id: str) -> dict[str, Any]:
     info = status_dict(store, job_id)
     record = store.get(job_id)
     info["segments"] = segments(info["text"], info["attempts"])
+    ledgered = max((int(e.get("attempt", 0)) for e in info["attempts"]), default=0)
+    in_flight = record.state in (JobState.RUNNING, JobState.STALLED) and record.attempt > ledgered
+    if in_flight and info["segments"] and info["segments"][-1]["attempt"] is not None:
+        # An attempt that has written nothing yet: its splice is marked now, and its text
+        # (over the event stream) goes after the mark.
+        info["segments"].append(
+            {"attempt": record.attempt, "kind": "in flight", "text": "", "splice": True}
+        )
     info["events"] = state_changes(store, job_id)
     info["events_trimmed"] = record.events_trimmed is not None
     info["messages"] = [{"role": m.role, "content": _content(m.content)} for m in record.spec.chat]

@@ -1,13 +1,16 @@
 """Console sessions: a person logs in with a bearer token once and gets a random session id
 in an ``HttpOnly``, ``SameSite=Strict`` cookie. The session (its principal, and the CSRF
 token every form carries) lives in Redis under the SHA-256 of the id, so that a copy of Redis
-holds no usable cookie; it expires after :data:`TTL_S` of no use."""
+holds no usable cookie; it expires after :data:`TTL_S` of no use, and after
+:data:`MAX_AGE_S` in any case. The console ends it too once no configured token grants its
+principal any more (revoked, or its role changed)."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import secrets
+import time
 from dataclasses import dataclass
 
 import redis
@@ -20,6 +23,9 @@ from resumeq.store import decode, redis_errors
 COOKIE = "resumeq_console"
 #: A session unused this long is gone: the next page asks to log in again.
 TTL_S = 8 * 3600
+#: However much it is used (a tab left open refreshes its overview), a session lasts at
+#: most this long.
+MAX_AGE_S = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,7 @@ def open_session(connection: redis.Redis, principal: Principal) -> str:
                 "name": principal.name,
                 "role": principal.role,
                 "csrf": secrets.token_urlsafe(32),
+                "created": str(int(time.time())),
             },
         )
         pipe.expire(key, TTL_S)
@@ -66,6 +73,9 @@ def load(connection: redis.Redis, session_id: str | None) -> Session | None:
     if not fields:
         return None
     f = {decode(k): decode(v) for k, v in fields.items()}
+    if time.time() - int(f.get("created", "0")) > MAX_AGE_S:
+        close(connection, session_id)
+        return None
     role: Role = f["role"]  # type: ignore[assignment]
     return Session(Principal(f["name"], role), f["csrf"])
 

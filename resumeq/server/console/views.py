@@ -28,10 +28,16 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from resumeq import audit, keys
-from resumeq.errors import InvalidTransition, JobNotFound, RedisUnavailable, StaleRevision
+from resumeq.errors import (
+    InvalidTransition,
+    JobNotFound,
+    RedisUnavailable,
+    ResumeqError,
+    StaleRevision,
+)
 from resumeq.ops import (
+    SPILL_SCAN_MAX,
     SpillFilter,
-    bulk,
     drop_spilled,
     requeue_spilled,
     spill_detail,
@@ -110,7 +116,7 @@ class Console:
             who=who,
             operator=who is not None and who.principal.role == "operator",
             csrf=who.csrf if who else "",
-            message=context.pop("message", request.query_params.get("msg", "")[:300]),
+            message=context.pop("message", _message(request.query_params)),
             **context,
         )
         return HTMLResponse(page, status_code=status, headers=SECURITY_HEADERS)
@@ -120,6 +126,8 @@ class Console:
         found: Session | None = await svc.run(
             session.load, svc.store.redis, request.cookies.get(COOKIE)
         )
+        if found is not None and not svc.tokens.grants(found.principal):
+            return None  # its token was revoked, or its role changed
         return found
 
     def to_login(self, request: Request, expired: bool) -> Response:
@@ -292,7 +300,10 @@ class Console:
         """The job's events for its page (the API's stream, with the console's session)."""
         svc = self.svc
         job_id = _job_id(request)
-        after = _cursor_int(request.query_params.get("after"))
+        # A browser reconnecting sends the last id it saw: it goes on from there, not
+        # from the page's own revision again.
+        last = request.headers.get("last-event-id")
+        after = _cursor_int(last if last else request.query_params.get("after"))
         record = await svc.run(_get, svc.store, job_id)
         hub = svc.hub
         if record.events_trimmed is not None:
@@ -321,6 +332,7 @@ class Console:
             queues=[q for q in svc.settings.file.worker.queues if q != SPILL_QUEUE],
             now_ms=time.time() * 1000,
             bulk_max=BULK_MAX,
+            first=after is None,
         )
 
     async def spill_export(self, request: Request, who: Session) -> Response:
@@ -342,8 +354,7 @@ class Console:
                 if after is None:
                     return
 
-        svc_audit = self.audit
-        svc_audit(who, "export", [], detail=_describe(where))
+        await svc.run(self.audit, who, "export", [], _describe(where))
         return StreamingResponse(
             lines(),
             media_type="application/x-ndjson",
@@ -370,7 +381,9 @@ class Console:
         if before is not None and not re.fullmatch(r"[0-9]{1,16}-[0-9]{1,10}", before):
             raise PageError(400, f"Not a position in the audit log: {before[:40]!r}.")
         entries, more = await svc.run(audit.page, svc.store.redis, before=before, limit=PAGE)
-        return self.render(request, "audit.html", who=who, entries=entries, more=more)
+        return self.render(
+            request, "audit.html", who=who, entries=entries, more=more, first=before is None
+        )
 
     # -- actions ------------------------------------------------------------------------------
 
@@ -385,7 +398,7 @@ class Console:
         except InvalidTransition as exc:
             raise PageError(409, f"Not cancelled: {exc}") from None
         await svc.run(self.audit, who, "cancel", [job_id])
-        return _back(f"/console/jobs/{job_id}", "Cancelled.")
+        return _back(f"/console/jobs/{job_id}", "cancelled")
 
     async def spill_action(self, request: Request, who: Session, form: FormData) -> Response:
         svc = self.svc
@@ -402,33 +415,42 @@ class Console:
 
         detail = " ".join(f"{k}={v}" for k, v in (("to", to), ("provider", provider)) if v)
         if _field(form, "select") == "all":
+            # All that match: the confirmation names how many, and carries exactly those
+            # ids; the confirmed action acts on them (not on a new, larger match).
             where = _spill_filter(form, prefix="filter_")
-            if _field(form, "confirm") != "yes":
-                items, _ = await svc.run(spill_page, svc.store, where, limit=BULK_MAX + 1)
-                return self.render(
-                    request,
-                    "spill_confirm.html",
-                    who=who,
-                    action=action,
-                    count=min(len(items), BULK_MAX),
-                    capped=len(items) > BULK_MAX,
-                    form=_spill_form(form, prefix="filter_"),
-                    to=to or "",
-                    provider=provider or "",
-                    describe=_describe(where),
-                )
-            result = await svc.run(bulk, svc.store, one, where, limit=BULK_MAX)
-            done, skipped = result.done, result.skipped
-            detail = f"{detail} all matching {_describe(where)}".strip()
-        else:
-            done, skipped = await self.each(form, one)
-        if done:
-            await svc.run(self.audit, who, action, done, detail)
-        verb = "Requeued" if action == "requeue" else "Dropped"
-        text = f"{verb} {len(done)} job(s)."
-        if skipped:
-            text += f" Left alone {len(skipped)} that changed meanwhile."
-        return _back("/console/spill", text)
+            matched, complete = await svc.run(_matching, svc.store, where)
+            return self.render(
+                request,
+                "spill_confirm.html",
+                who=who,
+                action=action,
+                ids=matched[:BULK_MAX],
+                count=min(len(matched), BULK_MAX),
+                capped=len(matched) > BULK_MAX,
+                complete=complete,
+                to=to or "",
+                provider=provider or "",
+                describe=_describe(where),
+            )
+        ids = _selected(form)
+        done: list[str] = []
+        skipped: dict[str, str] = {}
+        try:
+            for job_id in ids:
+                try:
+                    await svc.run(one, job_id)
+                    done.append(job_id)
+                except (ResumeqError, ValueError) as exc:  # changed meanwhile, or gone
+                    skipped[job_id] = str(exc)
+        finally:  # what was done is in the audit log, even if Redis went away part-way
+            if done:
+                await svc.run(self.audit, who, action, done, detail)
+        return _back(
+            "/console/spill",
+            "requeued" if action == "requeue" else "dropped",
+            n=len(done),
+            skipped=len(skipped),
+        )
 
     def target(self, form: FormData) -> tuple[str | None, str | None]:
         """Where a requeue sends jobs: a queue (not the spill lane) and a known provider."""
@@ -446,28 +468,6 @@ class Console:
             known = ", ".join(sorted(providers))
             raise PageError(400, f"Unknown provider {provider[:80]!r} (known: {known}).")
         return to, provider
-
-    async def each(
-        self, form: FormData, one: Callable[[str], Any]
-    ) -> tuple[list[str], dict[str, str]]:
-        """``one`` for every selected row; a job that changed meanwhile is left alone."""
-        ids = [str(i) for i in form.getlist("ids")]
-        if not ids:
-            raise PageError(400, "No job selected: tick some rows, or choose all that match.")
-        if len(ids) > BULK_MAX:
-            raise PageError(400, f"At most {BULK_MAX} jobs at once.")
-        done: list[str] = []
-        skipped: dict[str, str] = {}
-        for job_id in ids:
-            try:
-                keys.check_job_id(job_id)
-                await self.svc.run(one, job_id)
-                done.append(job_id)
-            except ValueError:
-                skipped[job_id[:64]] = "malformed id"
-            except (JobNotFound, InvalidTransition, StaleRevision) as exc:
-                skipped[job_id] = str(exc)
-        return done, skipped
 
     async def spill_edit(self, request: Request, who: Session, form: FormData) -> Response:
         svc = self.svc
@@ -492,12 +492,14 @@ class Console:
                 budget=budget,
                 floor=floor,
             )
+        except JobNotFound:
+            raise PageError(404, f"No job {job_id}: it is gone.") from None
         except (ValueError, InvalidTransition, StaleRevision) as exc:
             raise PageError(400, f"Not requeued: {exc}. Nothing was changed.") from None
         changes = {"to": to, "provider": provider, "budget": budget, "floor": floor}
         detail = " ".join(f"{k}={v}" for k, v in changes.items() if v is not None)
         await svc.run(self.audit, who, "edit+requeue", [job_id], detail)
-        return _back(f"/console/jobs/{job_id}", "Edited and requeued.")
+        return _back(f"/console/jobs/{job_id}", "edited")
 
     # -- routes ------------------------------------------------------------------------------
 
@@ -541,6 +543,42 @@ def same_site(request: Request) -> None:
     own = f"{request.url.scheme}://{request.url.netloc}"
     if fetch_site == "cross-site" or (origin is not None and origin != own):
         raise PageError(403, "Refused: this request came from another site. Nothing was changed.")
+
+
+#: The most spilled jobs "all that match" reads to find its matches.
+MATCH_SCAN_MAX = 20_000
+
+
+def _matching(store: Any, where: SpillFilter) -> tuple[list[str], bool]:
+    """The ids of the spilled jobs that match, oldest spill first, up to one past
+    :data:`BULK_MAX`; and whether the whole lane was read (else the count is "at least")."""
+    ids: list[str] = []
+    after: tuple[int, str] | None = None
+    read = 0
+    while len(ids) <= BULK_MAX:
+        items, after = spill_page(store, where, limit=BULK_MAX + 1 - len(ids), after=after)
+        ids += [item["id"] for item in items]
+        read += SPILL_SCAN_MAX
+        if after is None:
+            return ids, True
+        if read >= MATCH_SCAN_MAX:
+            return ids, False
+    return ids, True
+
+
+def _selected(form: FormData) -> list[str]:
+    """The ticked rows (or the confirmed matches), every id checked before any is acted on."""
+    ids = [str(i) for i in form.getlist("ids")]
+    if not ids:
+        raise PageError(400, "No job selected: tick some rows, or choose all that match.")
+    if len(ids) > BULK_MAX:
+        raise PageError(400, f"At most {BULK_MAX} jobs at once. Nothing was changed.")
+    for job_id in ids:
+        try:
+            keys.check_job_id(job_id)
+        except ValueError:
+            raise PageError(400, f"{job_id[:80]!r} is not a job id. Nothing was changed.") from None
+    return list(dict.fromkeys(ids))
 
 
 def _get(store: Any, job_id: str) -> Any:
@@ -654,5 +692,29 @@ def _safe_next(raw: str | None) -> str:
     return "/console"
 
 
-def _back(path: str, message: str) -> Response:
-    return RedirectResponse(f"{path}?msg={_quote(message)}", status_code=303)
+#: What an action's redirect may say (by code: a link cannot put words of its own in the
+#: console's banner).
+MESSAGES = {
+    "cancelled": "Cancelled.",
+    "edited": "Edited and requeued.",
+    "requeued": "Requeued {n} job(s).",
+    "dropped": "Dropped {n} job(s).",
+}
+
+
+def _back(path: str, code: str, *, n: int = 0, skipped: int = 0) -> Response:
+    query = f"?done={code}&n={n}" + (f"&skipped={skipped}" if skipped else "")
+    return RedirectResponse(path + query, status_code=303)
+
+
+def _message(params: Mapping[str, Any]) -> str:
+    template = MESSAGES.get(str(params.get("done", "")))
+    if template is None:
+        return ""
+    n, skipped = (str(params.get(k, "0")) for k in ("n", "skipped"))
+    if not (n.isdigit() and skipped.isdigit() and len(n) < 7 and len(skipped) < 7):
+        return ""
+    text = template.format(n=int(n))
+    if int(skipped):
+        text += f" Left alone {int(skipped)} that changed meanwhile."
+    return text

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -290,6 +291,22 @@ def spill_detail(store: Store, job_id: str) -> dict[str, Any]:
     info["provider"] = record.spec.provider
     info["model"] = record.spec.model
     return info
+
+
+def spill_export_lines(store: Store, where: SpillFilter | None = None) -> Iterator[str]:
+    """The spilled jobs that match as JSON lines (what ``spill_detail`` says of each), a
+    page at a time: what the CLI prints and the HTTP service streams."""
+    after: tuple[int, str] | None = None
+    while True:
+        items, after = spill_page(store, where, limit=100, after=after)
+        for item in items:
+            try:
+                detail = spill_detail(store, item["id"])
+            except JobNotFound:
+                continue  # requeued or dropped while the export ran
+            yield json.dumps(detail, ensure_ascii=False) + "\n"
+        if after is None:
+            return
 
 
 def requeue_spilled(

@@ -255,5 +255,5 @@ def _report(result: ops.BulkResult, verb: str, as_json: bool) -> None:
 @reports_errors
 def spill_export(obj: Context, /, **filters: Any) -> None:
     """Spilled jobs that match as JSON lines: reason, conversation, partial text, ledger."""
-    for record in ops.spilled_records(obj.store, _where(**filters)):
-        click.echo(json.dumps(ops.spill_detail(obj.store, record.id), ensure_ascii=False))
+    for line in ops.spill_export_lines(obj.store, _where(**filters)):
+        click.echo(line, nl=False)

@@ -42,7 +42,7 @@ from resumeq.ops import (
     SpillFilter,
     drop_spilled,
     requeue_spilled,
-    spill_detail,
+    spill_export_lines,
     spill_page,
     stats,
     status_dict,
@@ -453,21 +453,9 @@ async def spill_export(request: Request) -> Response:
     principal(request, CAN_OPERATE)
     svc = service(request)
     where = _spill_filter(request)
-
-    async def lines() -> AsyncIterator[str]:
-        after: tuple[int, str] | None = None
-        while True:
-            items, after = await svc.run(spill_page, svc.store, where, limit=100, after=after)
-            for item in items:
-                try:
-                    detail = await svc.run(spill_detail, svc.store, item["id"])
-                except JobNotFound:
-                    continue  # requeued or dropped while the export ran
-                yield json.dumps(detail, ensure_ascii=False) + "\n"
-            if after is None:
-                return
-
-    return StreamingResponse(lines(), media_type="application/x-ndjson")
+    # A plain iterator: Starlette reads it in a worker thread, a line at a time.
+    lines = spill_export_lines(svc.store, where)
+    return StreamingResponse(lines, media_type="application/x-ndjson")
 
 
 # -- the service ----------------------------------------------------------------------------

@@ -12,10 +12,9 @@ is written to the audit log.
 
 from __future__ import annotations
 
-import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -40,7 +39,7 @@ from resumeq.ops import (
     SpillFilter,
     drop_spilled,
     requeue_spilled,
-    spill_detail,
+    spill_export_lines,
     spill_page,
 )
 from resumeq.server import sse
@@ -140,19 +139,31 @@ class Console:
         :class:`PageError` becomes a page with its message."""
 
         async def endpoint(request: Request) -> Response:
-            who: Session | None = None
-            try:
+            async def step(seen: list[Session]) -> Response:
                 who = await self.session(request)
                 if who is None:
                     return self.to_login(request, expired=COOKIE in request.cookies)
+                seen.append(who)
                 response: Response = await handler(request, who)
                 return response
-            except PageError as exc:
-                return self.render(request, "message.html", exc.status, who=who, text=exc.message)
-            except RedisUnavailable as exc:
-                return self.render(request, "message.html", 503, text=f"Redis: {exc}")
+
+            return await self.guarded(request, step)
 
         return endpoint
+
+    async def guarded(
+        self, request: Request, step: Callable[[list[Session]], Awaitable[Response]]
+    ) -> Response:
+        """``step``'s response; a :class:`PageError` (or Redis failing) as a page with its
+        message, for the person ``step`` found (if it got that far)."""
+        seen: list[Session] = []
+        try:
+            return await step(seen)
+        except PageError as exc:
+            who = seen[0] if seen else None
+            return self.render(request, "message.html", exc.status, who=who, text=exc.message)
+        except RedisUnavailable as exc:
+            return self.render(request, "message.html", 503, text=f"Redis: {exc}")
 
     def action(
         self, handler: Callable[[Request, Session, FormData], Any]
@@ -161,12 +172,12 @@ class Console:
         site, and the session's CSRF token; else a message and nothing done."""
 
         async def endpoint(request: Request) -> Response:
-            who: Session | None = None
-            try:
+            async def step(seen: list[Session]) -> Response:
                 same_site(request)
                 who = await self.session(request)
                 if who is None:
                     raise PageError(401, "Your session has expired: log in again, then retry.")
+                seen.append(who)
                 form = await request.form()
                 if not who.csrf_ok(_field(form, "csrf")):
                     raise PageError(
@@ -178,10 +189,8 @@ class Console:
                     raise PageError(403, f"The {who.principal.role} role may not act.")
                 response: Response = await handler(request, who, form)
                 return response
-            except PageError as exc:
-                return self.render(request, "message.html", exc.status, who=who, text=exc.message)
-            except RedisUnavailable as exc:
-                return self.render(request, "message.html", 503, text=f"Redis: {exc}")
+
+            return await self.guarded(request, step)
 
         return endpoint
 
@@ -340,23 +349,9 @@ class Console:
             raise PageError(403, f"The {who.principal.role} role may not export.")
         svc = self.svc
         where = _spill_filter(request.query_params)
-
-        async def lines() -> AsyncIterator[str]:
-            after: tuple[int, str] | None = None
-            while True:
-                items, after = await svc.run(spill_page, svc.store, where, limit=100, after=after)
-                for item in items:
-                    try:
-                        detail = await svc.run(spill_detail, svc.store, item["id"])
-                    except JobNotFound:
-                        continue
-                    yield json.dumps(detail, ensure_ascii=False) + "\n"
-                if after is None:
-                    return
-
         await svc.run(self.audit, who, "export", [], _describe(where))
         return StreamingResponse(
-            lines(),
+            spill_export_lines(svc.store, where),
             media_type="application/x-ndjson",
             headers={"Content-Disposition": 'attachment; filename="spill.jsonl"'},
         )

@@ -45,7 +45,9 @@ class ProviderProfile(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["openai", "anthropic", "fake"]
+    #: The wire: ``openai`` (Chat Completions), ``openai-responses`` (the Responses API),
+    #: ``anthropic`` (Messages); ``fake`` speaks the OpenAI wire.
+    kind: Literal["openai", "openai-responses", "anthropic", "fake"]
     base_url: str
     api_key_env: str | None = None
     continue_mode: Literal["prefill", "prefill_flag", "continue_final_message", "instruction"] = (
@@ -102,6 +104,14 @@ class ProviderProfile(BaseModel):
             raise ValueError(
                 f'continue_mode "{self.continue_mode}" is not an Anthropic mode '
                 '(use "prefill" or "instruction")'
+            )
+        if self.kind == "openai-responses" and self.continue_mode not in (
+            "continue_final_message",
+            "instruction",
+        ):
+            raise ValueError(
+                f'continue_mode "{self.continue_mode}" is not a Responses mode '
+                '(use "continue_final_message" or "instruction")'
             )
         anthropic = self.kind == "anthropic"
         if self.tokenizer is not None and (self.tokenizer == "anthropic") != anthropic:

@@ -34,6 +34,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 SHOTS = Path(__file__).resolve().parent.parent / "build" / "screenshots"
 
 TOKENS = {"ops": "operator", "dash": "viewer", "web": "producer"}
+#: How often a condition in the page is checked: every animation frame (Playwright's
+#: default) keeps a core busy, and the suite's timing tests run beside these.
+POLL_MS = 100
 RESERVED = "reserved"
 
 
@@ -194,7 +197,8 @@ def test_login_refuses_a_bad_token_and_opens_the_overview(site: Site, page: Any)
     site.wait_state(site.create("Counted while the overview is open."), "done")
     page.wait_for_function(
         f"Number(document.querySelector('[data-state-count=done]').textContent"
-        f".replace(/,/g, '')) > {before}"
+        f".replace(/,/g, '')) > {before}",
+        polling=POLL_MS,
     )
     shot(page, "console-overview")
 
@@ -214,7 +218,8 @@ def test_a_job_page_shows_the_text_growing_through_a_cut_and_marks_the_splice(
     page.goto(f"{site.base}/console/jobs/{job_id}")
     first = len(shown_text(page))
     page.wait_for_function(
-        f"document.querySelector('pre.text').textContent.length > {first + 40}"
+        f"document.querySelector('pre.text').textContent.length > {first + 40}",
+        polling=POLL_MS,
     )  # it grows in place, over the event stream
     page.wait_for_selector("pre.text mark.splice")  # the cut, and where the resume went on
     if site.state(job_id) == "running":

@@ -2,11 +2,12 @@
 continue mode and counting mode, the text canonical byte for byte and the cursor equal to
 the final text's tokens.
 
-The engines are the fake provider's: vLLM's (continuous usage, ``/tokenize``), llama.cpp's
-(a prefill echoed in the first delta, usage only in the last chunk, its own ``/tokenize``
-that answers an empty list to a body it does not understand) and Anthropic's (deltas of
-several tokens, ``count_tokens``). Attempts run in process on the worker's code path, with
-a real redis-server and real HTTP."""
+The engines are the fake provider's: vLLM's (continuous usage, ``/tokenize``; and its
+Responses API, usage only at the end, continued by an assistant message ``in_progress``),
+llama.cpp's (a prefill echoed in the first delta, usage only in the last chunk, its own
+``/tokenize`` that answers an empty list to a body it does not understand) and Anthropic's
+(deltas of several tokens, ``count_tokens``). Attempts run in process on the worker's code
+path, with a real redis-server and real HTTP."""
 
 from __future__ import annotations
 
@@ -53,6 +54,18 @@ MODES: dict[str, tuple[str, dict[str, Any]]] = {
             "tokenizer": "llamacpp",
             "prefill_echo": "yes",
         },
+    ),
+    "responses-continue_final_message": (
+        "vllm",
+        {
+            "kind": "openai-responses",
+            "continue_mode": "continue_final_message",
+            "counting": "usage+tokenizer",
+        },
+    ),
+    "responses-instruction": (
+        "vllm",
+        {"kind": "openai-responses", "continue_mode": "instruction", "counting": "usage+tokenizer"},
     ),
     "anthropic-prefill": (
         "vllm",
@@ -107,7 +120,8 @@ def test_a_cut_job_ends_with_the_canonical_text_and_an_exact_cursor(
             prefix = requests[0]["text"]
             again = prefix[len(prefix.rstrip()) :] if mode == "anthropic-prefill" else ""
             assert billed == count_tokens(want) + count_tokens(again), (mode, cut)
-            assert requests[1]["body"]["max_tokens"] == BUDGET - cut
+            body = requests[1]["body"]
+            assert body.get("max_tokens", body.get("max_output_tokens")) == BUDGET - cut
             if engine == "llamacpp":
                 assert requests[1]["echo_chars"] > 0  # the engine did echo, and it was dropped
             ledger = real_store.ledger(job_id)

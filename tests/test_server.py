@@ -583,7 +583,8 @@ def test_the_spill_lane_pages_exports_requeues_and_drops(api: Api) -> None:
     assert api.as_("web").get("/v1/spill").status_code == 403
 
     requeued = api.as_("ops").post(f"/v1/spill/{spilled}/requeue", json={"to": "resumeq"})
-    assert requeued.status_code == 200 and requeued.json()["state"] == "queued"
+    # queued — or already taken by a worker, which may be quicker than the answer
+    assert requeued.status_code == 200 and requeued.json()["state"] in {"queued", "running"}
     api.wait_state(spilled, {"done"})
     assert api.store.text(spilled) == api.canonical(prompts[0])
     assert api.as_("ops").post(f"/v1/spill/{spilled}/requeue").status_code == 409  # done

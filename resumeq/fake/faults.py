@@ -1,9 +1,9 @@
 """Faults queued through ``POST /_fake/faults`` and applied to the next generation requests.
 
 Each fault serves ``times`` requests, in queue order. Only generation requests
-(``/v1/chat/completions``, ``/v1/messages``) take faults, and only once they passed validation.
-A stream fault fires after ``min(after_tokens, tokens the request would send)`` tokens, so a
-queued fault is always observed.
+(``/v1/chat/completions``, ``/v1/messages``, ``/v1/responses``) take faults, and only once
+they passed validation. A stream fault fires after ``min(after_tokens, tokens the request
+would send)`` tokens, so a queued fault is always observed.
 """
 
 from __future__ import annotations
@@ -16,7 +16,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-FaultKind = Literal["disconnect", "truncate", "malformed", "stall", "error_event", "status"]
+FaultKind = Literal[
+    "disconnect",
+    "truncate",
+    "malformed",
+    "stall",
+    "error_event",
+    "status",
+    "sequence_skip",
+    "sequence_repeat",
+]
 
 
 class Fault(BaseModel):
@@ -31,6 +40,10 @@ class Fault(BaseModel):
     - ``error_event``: after ``after_tokens`` tokens send the wire's in-band error, then end.
     - ``status``: answer ``status`` at once with the wire's error body; ``retry_after`` (if
       set) goes into the ``Retry-After`` header, in seconds.
+    - ``sequence_skip`` / ``sequence_repeat`` (the Responses wire, whose events are
+      numbered): after ``after_tokens`` tokens send a delta whose ``sequence_number`` skips
+      one, or the last delta again under its own number, then end the body. A wire without
+      numbers sends a malformed event instead.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

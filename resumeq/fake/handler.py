@@ -24,6 +24,7 @@ from resumeq.fake.llamacpp import llamacpp_tokenize
 from resumeq.fake.openai_wire import OpenAIWire
 from resumeq.fake.pacer import Pacer, run_inline
 from resumeq.fake.plan import Plan, plan
+from resumeq.fake.responses_wire import ResponsesWire
 from resumeq.fake.state import FakeState
 from resumeq.fake.stream import stream_steps
 from resumeq.fake.vllm import vllm_tokenize
@@ -39,7 +40,12 @@ from resumeq.fake.wire import (
 
 OPENAI = OpenAIWire()
 ANTHROPIC = AnthropicWire()
-WIRES: dict[str, Wire] = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
+RESPONSES = ResponsesWire()
+WIRES: dict[str, Wire] = {
+    "/v1/chat/completions": OPENAI,
+    "/v1/messages": ANTHROPIC,
+    "/v1/responses": RESPONSES,
+}
 
 
 @dataclass(frozen=True)
@@ -261,7 +267,7 @@ class FakeHandler(BaseHTTPRequestHandler):
             exchange.outcome = "status"
             reply = wire.error(fault.status, fault.message)
             reply.headers.update(
-                retry_after_headers(fault.retry_after, millis=wire.name == "openai")
+                retry_after_headers(fault.retry_after, millis=wire.name != "anthropic")
             )
             self._send_error_reply(reply, exchange)
             return
@@ -316,7 +322,7 @@ class FakeHandler(BaseHTTPRequestHandler):
         exchange.outcome, exchange.output_tokens_billed = fault.kind, cut
         if fault.kind == "error_event":
             self._send_error_reply(wire.error(wire.overload_status), exchange)
-        elif fault.kind in ("truncate", "malformed"):
+        elif fault.kind in ("truncate", "malformed", "sequence_skip", "sequence_repeat"):
             body = wire.body(call.request, output, None, call.usage)
             self._send_broken_json(dumps(body).encode(), truncate=fault.kind == "truncate")
             exchange.status = 200

@@ -99,6 +99,12 @@ def _apply(fmt: StreamFormat, fault: Fault, exchange: Exchange) -> Steps:
     if fault.kind == "truncate":
         yield END
         return True
+    if fault.kind in ("sequence_skip", "sequence_repeat"):
+        numbered = getattr(fmt, "out_of_sequence", None)
+        data = numbered(repeat=fault.kind == "sequence_repeat") if numbered else fmt.malformed()
+        yield chunk(data)
+        yield END
+        return True
     if fault.kind == "malformed":
         yield chunk(fmt.malformed())
         yield END

@@ -39,6 +39,8 @@ class Generation:
     continuous_usage: bool = False
     #: The prefill the engine repeats in front of its text (``prefill_echo``), or "".
     echo: str = ""
+    #: Responses: pad each text delta with OpenAI's ``obfuscation`` field.
+    obfuscation: bool = True
 
 
 @dataclass(frozen=True)

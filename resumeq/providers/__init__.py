@@ -1,4 +1,4 @@
-"""Provider clients: one interface, two wire formats (SPEC §5, §6)."""
+"""Provider clients: one interface, three wire formats (SPEC §5, §6)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from resumeq.providers.base import (
     parse_retry_after,
 )
 from resumeq.providers.openai import OpenAIClient, OpenAIStream
+from resumeq.providers.openai_responses import ResponsesClient, ResponsesStream
 from resumeq.settings import ProviderProfile
 
 
@@ -22,6 +23,8 @@ def make_client(profile: ProviderProfile, http: httpx.Client) -> ProviderClient:
     """The client for a profile's wire format (``fake`` speaks the OpenAI wire)."""
     if profile.kind == "anthropic":
         return AnthropicClient(profile, http)
+    if profile.kind == "openai-responses":
+        return ResponsesClient(profile, http)
     return OpenAIClient(profile, http)
 
 
@@ -33,6 +36,8 @@ __all__ = [
     "OutputDelta",
     "ProviderClient",
     "ProviderStream",
+    "ResponsesClient",
+    "ResponsesStream",
     "StreamEvent",
     "TextDelta",
     "Usage",

@@ -1,0 +1,200 @@
+"""The OpenAI Responses wire (``POST /responses``): OpenAI, and vLLM, llama.cpp, Ollama,
+LiteLLM and DeepSeek where they serve it.
+
+A stream is typed events, each with its ``event:`` line and a ``sequence_number`` that goes
+up by one from the first: ``response.created``, ``response.in_progress``, then per output
+item ``response.output_item.added`` / ``response.content_part.added``, the text as
+``response.output_text.delta`` (reasoning as ``response.reasoning_text.delta`` or its
+summary's deltas), then ``….done`` events, and one terminal event: ``response.completed``,
+``response.incomplete`` (``incomplete_details.reason``: ``max_output_tokens`` is the finish
+``length``), ``response.failed`` or ``error``. There is no ``[DONE]``. The usage comes only
+in the terminal event, so a cut stream has none (SPEC §6's fallbacks count it).
+
+A number out of sequence — skipped, repeated, going back — is a malformed stream: the text
+it carries cannot be placed for sure. The response's id (from ``response.created``) and the
+last sequence number read are kept: what a background response is reattached with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+from httpx_sse import ServerSentEvent
+
+from resumeq.continuation import RequestPlan
+from resumeq.errors import InBandError, MalformedChunk
+from resumeq.providers.base import (
+    OutputDelta,
+    ProviderClient,
+    ProviderStream,
+    StreamEvent,
+    TextDelta,
+    Usage,
+    int_or_none,
+    json_object,
+)
+
+#: Deltas of reasoning text (the model's own, or its summary).
+_REASONING_DELTAS = frozenset(
+    {"response.reasoning_text.delta", "response.reasoning_summary_text.delta"}
+)
+#: Deltas of output that is neither text nor reasoning.
+_OTHER_DELTAS = frozenset(
+    {
+        "response.refusal.delta",
+        "response.function_call_arguments.delta",
+        "response.custom_tool_call_input.delta",
+    }
+)
+#: The finish an incomplete response's reason maps to.
+_INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+
+def usage_of(raw: Any) -> Usage | None:
+    if not isinstance(raw, dict):
+        return None
+    details = raw.get("input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    out_details = raw.get("output_tokens_details")
+    reasoning = out_details.get("reasoning_tokens") if isinstance(out_details, dict) else None
+    return Usage(
+        input_tokens=int_or_none(raw.get("input_tokens")),
+        cached_input_tokens=int_or_none(cached),
+        output_tokens=int_or_none(raw.get("output_tokens")),
+        reasoning_tokens=int_or_none(reasoning),
+    )
+
+
+class ResponsesStream(ProviderStream):
+    def __init__(
+        self, response: httpx.Response, *, stall_timeout_s: float, after: int | None = None
+    ) -> None:
+        super().__init__(response, stall_timeout_s=stall_timeout_s)
+        #: The response's id, once ``response.created`` (or any event with it) said it.
+        self.response_id: str | None = None
+        #: The response's status as last reported (``queued``, ``in_progress`` …).
+        self.status: str | None = None
+        #: The last sequence number read (``after``: a reattached stream's starting point).
+        self.sequence: int | None = after
+        self._ended = False
+
+    def _on_event(self, sse: ServerSentEvent) -> Iterator[StreamEvent]:
+        event = json_object(sse)
+        kind = event.get("type")
+        if not isinstance(kind, str):
+            raise MalformedChunk(f"an event without a type: {sse.data[:120]!r}")
+        if sse.event not in ("message", kind):
+            raise MalformedChunk(f"event line {sse.event!r} but type {kind!r}")
+        self._sequence(event, sse.data)
+        response = event.get("response")
+        if isinstance(response, dict):
+            self._note(response)
+        if kind == "response.output_text.delta":
+            yield TextDelta(self._unicode(_text(event, sse.data)), 1, False)
+        elif kind in _REASONING_DELTAS:
+            text = self._unicode(_text(event, sse.data), "reasoning")
+            yield OutputDelta("reasoning", text, 1, False)
+        elif kind in _OTHER_DELTAS:
+            yield OutputDelta("other", _text(event, sse.data), 1, False)
+        elif kind in ("response.completed", "response.incomplete"):
+            yield from self._end(kind, response)
+        elif kind == "response.failed":
+            error = response.get("error") if isinstance(response, dict) else None
+            raise _in_band("response failed", error, sse.data)
+        elif kind == "error":
+            raise _in_band("error event", event, sse.data)
+
+    def _sequence(self, event: dict[str, Any], raw: str) -> None:
+        number = event.get("sequence_number")
+        if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+            raise MalformedChunk(f"an event without a sequence number: {raw[:120]!r}")
+        expected = 0 if self.sequence is None else self.sequence + 1
+        if number != expected:
+            raise MalformedChunk(
+                f"event {number} out of sequence (expected {expected}): its text cannot "
+                "be placed for sure"
+            )
+        self.sequence = number
+
+    def _note(self, response: dict[str, Any]) -> None:
+        if isinstance(response.get("id"), str):
+            self.response_id = response["id"]
+        if isinstance(response.get("status"), str):
+            self.status = response["status"]
+
+    def _end(self, kind: str, response: Any) -> Iterator[StreamEvent]:
+        if not isinstance(response, dict):
+            raise MalformedChunk(f"{kind} without its response")
+        if kind == "response.completed":
+            self.finish_reason = "stop"
+        else:
+            details = response.get("incomplete_details")
+            reason = details.get("reason") if isinstance(details, dict) else None
+            self.finish_reason = _INCOMPLETE.get(str(reason), str(reason or "incomplete"))
+        self._ended = True
+        usage = usage_of(response.get("usage"))
+        if usage is not None:
+            self.usage = usage
+            yield usage
+
+    def _complete(self) -> bool:
+        return self._ended
+
+
+def _text(event: dict[str, Any], raw: str) -> str:
+    delta = event.get("delta")
+    if not isinstance(delta, str):
+        raise MalformedChunk(f"a delta that is not a string: {raw[:120]!r}")
+    return delta
+
+
+def _in_band(what: str, error: Any, raw: str) -> InBandError:
+    error = error if isinstance(error, dict) else {}
+    message = str(error.get("message") or what)
+    code = error.get("code")
+    kind = str(code) if code is not None else None
+    return InBandError(f"in-band error: {message}", error_type=kind, body=raw[:4096])
+
+
+class ResponsesClient(ProviderClient):
+    endpoint = "/responses"
+    stream_class = ResponsesStream
+
+    def headers(self) -> dict[str, str]:
+        key = self.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def body(self, plan: RequestPlan) -> dict[str, Any]:
+        extra = dict(plan.extra_body)
+        # Chat Completions' flags for going on with the final assistant message: here it is
+        # the message's own status instead.
+        continue_final = extra.pop("continue_final_message", False) is True
+        extra.pop("add_generation_prompt", None)
+        items: list[dict[str, Any]] = []
+        last = len(plan.messages) - 1
+        for index, m in enumerate(plan.messages):
+            item: dict[str, Any] = {
+                "role": "developer" if m.role == "system" else m.role,
+                "content": m.content,
+            }
+            if index == last and m.role == "assistant" and continue_final:
+                # vLLM's way to go on with a final assistant message, as Chat
+                # Completions' continue_final_message does.
+                item["status"] = "in_progress"
+            items.append(item)
+        body: dict[str, Any] = {
+            "model": plan.model,
+            "input": items,
+            "stream": True,
+            "store": False,
+            "max_output_tokens": plan.max_tokens,
+        }
+        params = plan.params
+        if params.temperature is not None:
+            body["temperature"] = params.temperature
+        if params.top_p is not None:
+            body["top_p"] = params.top_p
+        body.update(extra)
+        return body

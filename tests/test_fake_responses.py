@@ -1,0 +1,247 @@
+"""The fake provider's OpenAI Responses wire, read by the official ``openai`` SDK (which
+parses every event into its own types) and by resumeq's own client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from worker_support import attempt_runner, run_to_rest
+
+from resumeq.continuation import ChatMessage, RequestPlan
+from resumeq.errors import InBandError, MalformedChunk, Truncated
+from resumeq.fake import FakeProvider
+from resumeq.providers import make_client
+from resumeq.providers.base import OutputDelta, TextDelta, Usage
+from resumeq.providers.openai_responses import ResponsesStream
+from resumeq.settings import ProviderProfile
+from resumeq.store import Store
+from resumeq.testing import RedisServer
+
+PROMPT = "Describe a tide pool at dawn."
+
+
+@pytest.fixture
+def sdk(fake: FakeProvider) -> openai.OpenAI:
+    return openai.OpenAI(base_url=fake.openai_base_url, api_key="k", max_retries=0)
+
+
+def canonical(fake: FakeProvider, prompt: str = PROMPT) -> str:
+    return fake.canonical_text([{"role": "user", "content": prompt}])
+
+
+def test_the_sdk_reads_a_streamed_response_event_by_event(
+    fake: FakeProvider, sdk: openai.OpenAI
+) -> None:
+    events = list(sdk.responses.create(model="m", input=PROMPT, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    text = "".join(e.delta for e in deltas)
+    assert text == canonical(fake)
+    assert all(e.obfuscation for e in deltas)  # OpenAI's padding, on by default
+    done = events[-1].response
+    assert done.status == "completed" and done.output_text == text
+    assert done.usage is not None and done.usage.output_tokens == len(deltas)
+    assert done.usage.input_tokens > 0 and done.usage.input_tokens_details.cached_tokens == 0
+    created = events[0].response
+    assert created.id == done.id and created.id.startswith("resp_") and created.usage is None
+
+
+def test_without_obfuscation_and_without_streaming(fake: FakeProvider, sdk: openai.OpenAI) -> None:
+    events = list(
+        sdk.responses.create(
+            model="m", input=PROMPT, stream=True, stream_options={"include_obfuscation": False}
+        )
+    )
+    assert all(
+        getattr(e, "obfuscation", None) is None
+        for e in events
+        if e.type == "response.output_text.delta"
+    )
+    whole = sdk.responses.create(model="m", input=PROMPT)
+    assert whole.status == "completed" and whole.output_text == canonical(fake)
+
+
+def test_a_budget_that_runs_out_is_incomplete(fake: FakeProvider, sdk: openai.OpenAI) -> None:
+    events = list(sdk.responses.create(model="m", input=PROMPT, stream=True, max_output_tokens=20))
+    end = events[-1]
+    assert end.type == "response.incomplete"
+    assert end.response.incomplete_details.reason == "max_output_tokens"
+    assert end.response.usage.output_tokens == 20
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert canonical(fake).startswith(text)
+
+
+def test_reasoning_comes_first_as_its_own_item(fake: FakeProvider, sdk: openai.OpenAI) -> None:
+    prompt = "Think first. [fake:reasoning=12]"
+    events = list(sdk.responses.create(model="m", input=prompt, stream=True))
+    reasoning = [e for e in events if e.type == "response.reasoning_text.delta"]
+    assert len(reasoning) == 12 and all(e.output_index == 0 for e in reasoning)
+    texts = [e for e in events if e.type == "response.output_text.delta"]
+    assert texts and all(e.output_index == 1 for e in texts)
+    usage = events[-1].response.usage
+    assert usage.output_tokens_details.reasoning_tokens == 12
+    assert usage.output_tokens == 12 + len(texts)
+
+
+def test_a_final_assistant_message_in_progress_is_continued(
+    fake: FakeProvider, sdk: openai.OpenAI
+) -> None:
+    whole = canonical(fake)
+    prefix = whole[: len(whole) // 2]
+    cut = prefix.rfind(" ")
+    prefix = prefix[:cut]
+    input_: Any = [
+        {"role": "user", "content": PROMPT},
+        {
+            "type": "message",
+            "role": "assistant",
+            "status": "in_progress",
+            "content": [{"type": "output_text", "text": prefix, "annotations": []}],
+        },
+    ]
+    events = list(sdk.responses.create(model="m", input=input_, stream=True))
+    rest = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert prefix + rest == whole
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "m"}, "input"),
+        ({"model": "m", "input": []}, "input"),
+        ({"model": "m", "input": [{"role": "user", "content": [{"type": "image"}]}]}, "input.0"),
+        (
+            {"model": "m", "input": [
+                {"role": "assistant", "content": "x", "status": "in_progress"},
+                {"role": "user", "content": "y"},
+            ]},
+            "input.0",
+        ),
+        ({"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ],
+)  # fmt: skip
+def test_bad_requests_are_refused_naming_the_field(
+    fake: FakeProvider, body: dict[str, Any], param: str
+) -> None:
+    response = httpx.post(f"{fake.openai_base_url}/responses", json=body, timeout=10)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+
+
+# -- resumeq's client ------------------------------------------------------------------------
+
+
+def profile(fake: FakeProvider, **over: Any) -> ProviderProfile:
+    return ProviderProfile(
+        kind="openai-responses", base_url=fake.openai_base_url, stall_timeout_s=5, **over
+    )
+
+
+def plan(prompt: str = PROMPT, max_tokens: int = 1000) -> RequestPlan:
+    return RequestPlan(
+        kind="fresh",
+        model="m",
+        messages=(ChatMessage("user", prompt),),
+        max_tokens=max_tokens,
+    )
+
+
+def read(stream: ResponsesStream) -> tuple[str, str, list[Usage]]:
+    text, reasoning, usages = [], [], []
+    for event in stream:
+        if isinstance(event, TextDelta):
+            text.append(event.text)
+        elif isinstance(event, OutputDelta) and event.kind == "reasoning":
+            reasoning.append(event.text)
+        elif isinstance(event, Usage):
+            usages.append(event)
+    return "".join(text), "".join(reasoning), usages
+
+
+def test_resumeq_reads_the_stream_with_its_usage_at_the_end(fake: FakeProvider) -> None:
+    with httpx.Client() as http:
+        client = make_client(profile(fake), http)
+        with client.open(plan("Think first. [fake:reasoning=5]")) as stream:
+            assert isinstance(stream, ResponsesStream)
+            text, reasoning, usages = read(stream)
+    whole = fake.canonical_text([{"role": "user", "content": "Think first. [fake:reasoning=5]"}])
+    assert text == whole and len(reasoning) > 0
+    assert stream.finish_reason == "stop" and len(usages) == 1
+    assert usages[0].reasoning_tokens == 5 and usages[0].output_tokens is not None
+    assert stream.response_id is not None and stream.response_id.startswith("resp_")
+    body = fake.journal()[-1]["body"]
+    assert body["max_output_tokens"] == 1000 and body["input"][0]["content"].startswith("Think")
+
+
+def test_resumeq_names_each_cut(fake: FakeProvider) -> None:
+    with httpx.Client() as http:
+        client = make_client(profile(fake), http)
+        fake.add_faults([{"kind": "error_event", "after_tokens": 5}])
+        with pytest.raises(InBandError, match="overloaded"), client.open(plan()) as stream:
+            read(stream)
+        fake.add_faults([{"kind": "truncate", "after_tokens": 5}])
+        with pytest.raises(Truncated), client.open(plan()) as stream:
+            read(stream)
+        fake.add_faults([{"kind": "malformed", "after_tokens": 5}])
+        with pytest.raises(MalformedChunk), client.open(plan()) as stream:
+            read(stream)
+        with client.open(plan(max_tokens=7)) as stream:
+            _, _, usages = read(stream)
+        assert stream.finish_reason == "length" and usages[0].output_tokens == 7
+
+
+@pytest.mark.parametrize("kind", ["sequence_skip", "sequence_repeat"])
+def test_an_event_out_of_sequence_is_a_cut_before_its_text(fake: FakeProvider, kind: str) -> None:
+    fake.add_faults([{"kind": kind, "after_tokens": 6}])
+    got: list[str] = []
+    with (
+        httpx.Client() as http,
+        make_client(profile(fake), http).open(plan()) as stream,
+        pytest.raises(MalformedChunk, match="out of sequence"),
+    ):
+        for event in stream:
+            if isinstance(event, TextDelta):
+                got.append(event.text)
+    # Exactly the six tokens before it: nothing repeated, nothing after the gap.
+    assert "".join(got) == "".join(fake.canonical_tokens([{"role": "user", "content": PROMPT}])[:6])
+
+
+@pytest.mark.parametrize("kind", ["sequence_skip", "sequence_repeat", "error_event", "disconnect"])
+def test_a_job_cut_on_the_responses_wire_ends_canonical(
+    fake: FakeProvider, redis_server: RedisServer, real_store: Store, kind: str
+) -> None:
+    """Through the worker's code path: cut, continued with an assistant message in
+    progress, the text canonical byte for byte and never a token twice."""
+    providers = {"r": {"kind": "openai-responses", "base_url": fake.openai_base_url,
+                       "continue_mode": "continue_final_message", "counting": "usage+tokenizer",
+                       "stall_timeout_s": 5}}  # fmt: skip
+    prompt = f"Cut by {kind}: a table and some code, please [fake:mixed]"
+    fake.add_faults([{"kind": kind, "after_tokens": 120, "match": prompt}])
+    with attempt_runner(redis_server.url, providers) as runner:
+        job_id = real_store.create(
+            {"prompt": prompt, "provider": "r", "model": "m", "budget_tokens": 4000}
+        ).id
+        record = run_to_rest(runner, job_id)
+    assert record.state.value == "done", (record.reason, record.error)
+    assert real_store.text(job_id) == fake.canonical_text([{"role": "user", "content": prompt}])
+    ledger = real_store.ledger(job_id)
+    assert [a["kind"] for a in ledger] == ["fresh", "resume"] and record.counts_exact
+    assert record.spent_output_tokens == sum(
+        r["output_tokens_billed"] for r in fake.journal(settle_s=1) if prompt in str(r["body"])
+    )

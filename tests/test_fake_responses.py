@@ -3,6 +3,7 @@ parses every event into its own types) and by resumeq's own client."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -245,3 +246,128 @@ def test_a_job_cut_on_the_responses_wire_ends_canonical(
     assert record.spent_output_tokens == sum(
         r["output_tokens_billed"] for r in fake.journal(settle_s=1) if prompt in str(r["body"])
     )
+
+
+# -- background responses ------------------------------------------------------------------------
+
+
+def configure(fake: FakeProvider, **body: Any) -> None:
+    httpx.post(f"{fake.url}/_fake/config", json=body, timeout=10).raise_for_status()
+
+
+def start_background(sdk: openai.OpenAI, prompt: str, events: int) -> tuple[str, int, str]:
+    """Create a background response, read ``events`` of its events and hang up: its id, the
+    last sequence number read, and the text read."""
+    stream = sdk.responses.create(model="m", input=prompt, stream=True, background=True)
+    response_id, last, text = "", -1, ""
+    for n, event in enumerate(stream):
+        if event.type == "response.created":
+            response_id = event.response.id
+            assert event.response.background is True and event.response.status == "queued"
+        if event.type == "response.output_text.delta":
+            text += event.delta
+        last = event.sequence_number
+        if n + 1 == events:
+            break
+    stream.close()
+    return response_id, last, text
+
+
+def test_a_background_response_goes_on_without_its_reader_and_is_read_again(
+    fake: FakeProvider, sdk: openai.OpenAI
+) -> None:
+    fake.token_delay_ms = 5
+    response_id, last, head = start_background(sdk, PROMPT, 12)
+    # The rest, after the last number read: no event twice, none missing.
+    rest = list(sdk.responses.retrieve(response_id, stream=True, starting_after=last))
+    assert [e.sequence_number for e in rest] == list(range(last + 1, last + 1 + len(rest)))
+    tail = "".join(e.delta for e in rest if e.type == "response.output_text.delta")
+    assert head + tail == canonical(fake) and rest[-1].type == "response.completed"
+    # The SDK's helper asks from the start and drops what it was told to skip.
+    with sdk.responses.stream(response_id=response_id, starting_after=last) as helper:
+        again = "".join(e.delta for e in helper if e.type == "response.output_text.delta")
+    assert again == tail
+    whole = sdk.responses.retrieve(response_id)
+    assert whole.status == "completed" and whole.output_text == canonical(fake)
+    # Billed once: the create has the input and every output token, the reads nothing.
+    journal = fake.journal(settle_s=2)
+    created = [e for e in journal if e["path"] == "/v1/responses"]
+    reads = [e for e in journal if e["path"].startswith(f"/v1/responses/{response_id}")]
+    assert len(created) == 1 and created[0]["output_tokens_billed"] == len(
+        fake.canonical_tokens([{"role": "user", "content": PROMPT}])
+    )
+    assert len(reads) == 3 and all(
+        e["output_tokens_billed"] == e["input_tokens_billed"] == 0 for e in reads
+    )
+
+
+def test_a_cancelled_background_response_stops_generating(
+    fake: FakeProvider, sdk: openai.OpenAI
+) -> None:
+    fake.token_delay_ms = 20
+    response_id, _, _ = start_background(sdk, PROMPT, 8)
+    cancelled = sdk.responses.cancel(response_id)
+    assert cancelled.status == "cancelled"
+    billed = fake.journal(settle_s=1)[0]["output_tokens_billed"]
+    time.sleep(0.3)
+    assert fake.journal()[0]["output_tokens_billed"] == billed < 100  # nothing more made
+    assert sdk.responses.cancel(response_id).status == "cancelled"  # again: the same
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        sdk.responses.cancel("resp_unknown")
+    with pytest.raises(openai.NotFoundError, match="Response with id 'resp_unknown'"):
+        sdk.responses.retrieve("resp_unknown")
+
+
+def test_past_the_window_a_stream_is_refused_as_openai_refuses_it(
+    fake: FakeProvider, sdk: openai.OpenAI
+) -> None:
+    configure(fake, background_window_s=60)
+    response_id, last, _ = start_background(sdk, PROMPT, 5)
+    configure(fake, background_window_s=0)
+    time.sleep(0.05)
+    with pytest.raises(openai.BadRequestError, match="can no longer be streamed"):
+        list(sdk.responses.retrieve(response_id, stream=True, starting_after=last))
+    assert sdk.responses.retrieve(response_id).id == response_id  # still there, whole
+    configure(fake, background_window_s=300)
+
+
+def test_a_queued_response_is_polled_and_obfuscation_can_be_left_out(
+    fake: FakeProvider, sdk: openai.OpenAI
+) -> None:
+    configure(fake, background_queued_s=0.4)
+    try:
+        queued = sdk.responses.create(model="m", input=PROMPT, background=True)
+        assert queued.status == "queued" and queued.background is True
+        assert sdk.responses.retrieve(queued.id).status == "queued"
+        deadline = time.monotonic() + 10
+        while sdk.responses.retrieve(queued.id).status != "completed":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        configure(fake, background_queued_s=0)
+    plain = httpx.get(
+        f"{fake.openai_base_url}/responses/{queued.id}",
+        params={"stream": "true", "include_obfuscation": "false"},
+        timeout=10,
+    )
+    assert plain.status_code == 200 and '"obfuscation"' not in plain.text
+    assert "response.output_text.delta" in plain.text
+
+
+def test_faults_cut_the_reader_or_fail_the_response(fake: FakeProvider, sdk: openai.OpenAI) -> None:
+    # A dropped connection: the reader is cut, the response goes on to its end.
+    fake.add_faults([{"kind": "disconnect", "after_tokens": 5}])
+    with pytest.raises(openai.APIError):
+        list(sdk.responses.create(model="m", input=PROMPT, stream=True, background=True))
+    created = fake.journal()[0]["response"]["id"]
+    deadline = time.monotonic() + 10
+    while sdk.responses.retrieve(created).status != "completed":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # An error: the response itself fails.
+    fake.add_faults([{"kind": "error_event", "after_tokens": 5}])
+    events = list(sdk.responses.create(model="m", input=PROMPT, stream=True, background=True))
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error.code == "server_error"
+    failed = sdk.responses.retrieve(events[0].response.id)
+    assert failed.status == "failed"

@@ -27,6 +27,12 @@ def configure(state: FakeState, body: Mapping[str, Any]) -> None:
         if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
             raise InvalidRequest("token_delay_ms: expected a number of at least 0")
         state.token_delay_ms = float(delay)
+    for key, name in (("background_window_s", "window_s"), ("background_queued_s", "queued_s")):
+        if key in body:
+            value = body[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise InvalidRequest(f"{key}: expected a number of at least 0")
+            setattr(state.background, name, float(value))
     if "chaos" in body:
         chaos = body["chaos"]
         state.chaos = None if chaos is None else Chaos(ChaosConfig.model_validate(chaos))

@@ -10,13 +10,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from pydantic import ValidationError
 
 from resumeq.fake import anthropic_wire
 from resumeq.fake.admin import canonical_of, configure
 from resumeq.fake.anthropic_wire import AnthropicWire
+from resumeq.fake.background import BackgroundResponse
 from resumeq.fake.conversation import InvalidRequest
 from resumeq.fake.faults import Fault
 from resumeq.fake.journal import Exchange
@@ -26,7 +27,7 @@ from resumeq.fake.pacer import Pacer, run_inline
 from resumeq.fake.plan import Plan, plan
 from resumeq.fake.responses_wire import ResponsesWire
 from resumeq.fake.state import FakeState
-from resumeq.fake.stream import stream_steps
+from resumeq.fake.stream import END, chunk, stream_steps
 from resumeq.fake.vllm import vllm_tokenize
 from resumeq.fake.wire import (
     ErrorReply,
@@ -35,6 +36,7 @@ from resumeq.fake.wire import (
     Output,
     Wire,
     dumps,
+    new_id,
     retry_after_headers,
 )
 
@@ -189,6 +191,10 @@ class FakeHandler(BaseHTTPRequestHandler):
             "/_fake/health": lambda: {"ok": True},
             "/health": lambda: {"ok": True},
         }
+        stored = _response_route(self.route)
+        if stored is not None and stored[1] == "":
+            self._retrieve(stored[0])
+            return
         action = routes.get(self.route)
         if action is None:
             self._send_error_reply(OPENAI.error(404, f"no route GET {self.route}"))
@@ -208,8 +214,11 @@ class FakeHandler(BaseHTTPRequestHandler):
     def _dispatch(self, body: Any) -> None:
         route = self.route
         wire = WIRES.get(route)
+        stored = _response_route(route)
         if wire is not None:
             self._generate(wire, body)
+        elif stored is not None and stored[1] == "cancel":
+            self._cancel(stored[0])
         elif route.startswith("/_fake/"):
             self._admin(route, body)
         elif route == "/v1/messages/count_tokens":
@@ -276,10 +285,139 @@ class FakeHandler(BaseHTTPRequestHandler):
         exchange.cached_input_tokens = usage.cache_read
         exchange.cache_creation_input_tokens = usage.cache_created
         call = Call(wire, request, completion, fault, usage, exchange)
-        if request.stream:
+        if wire is RESPONSES and body.get("background") is True:
+            self._background(call, body)
+        elif request.stream:
             self._stream(call)
         else:
             self._complete(call)
+
+    # -- background responses (the Responses wire) ------------------------------------------
+
+    def _background(self, call: Call, body: Mapping[str, Any]) -> None:
+        """Create a background response: it generates on its own; this request reads it
+        (``stream``) or gets it ``queued``. A stream fault cuts this reader only (the
+        response goes on); an ``error_event`` fails the response itself."""
+        state, fault = self.state, call.fault
+        fail_at = fault.after_tokens if fault is not None and fault.kind == "error_event" else -1
+        response = state.background.add(
+            BackgroundResponse(
+                response_id=new_id("resp_"),
+                request=call.request,
+                usage=call.usage,
+                completion=call.completion,
+                exchange=call.exchange,
+                delay_s=state.token_delay_ms / 1000.0,
+                stopped=state.stopped,
+                fail_at=fail_at,
+                queued_s=state.background.queued_s,
+            )
+        )
+        call.exchange.status = 200
+        call.exchange.response = {"id": response.response_id}
+        if not call.request.stream:
+            self._send_json(200, response.snapshot())
+            return
+        reader_fault = fault if fault is not None and fault.kind != "error_event" else None
+        self._follow(response, -1, reader_fault, obfuscation=call.request.obfuscation)
+
+    def _follow(
+        self,
+        response: BackgroundResponse,
+        after: int,
+        fault: Fault | None,
+        *,
+        obfuscation: bool,
+    ) -> None:
+        """Stream ``response``'s events after ``after`` to this client, until it ends, the
+        client goes, or ``fault`` cuts this reader after its tokens."""
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        cut_at = fault.after_tokens if fault is not None else -1
+        tokens, last, skipped = 0, b"", False
+        try:
+            for event in response.follow(after):
+                data = event.data if obfuscation else _without_obfuscation(event.data)
+                if skipped:  # the event after the one left out: a number skipped
+                    self.wfile.write(chunk(data) + END)
+                    return
+                if event.tokens and tokens == cut_at and fault is not None:
+                    if fault.kind == "sequence_skip":
+                        skipped = True
+                        continue
+                    self._cut_reader(fault, data, last)
+                    return
+                self.wfile.write(chunk(data))
+                tokens += event.tokens
+                last = data if event.tokens else last
+            self.wfile.write(END)
+        except OSError:  # the client went: the response goes on without it
+            self.close_connection = True
+
+    def _cut_reader(self, fault: Fault, following: bytes, last: bytes) -> None:
+        """A stream fault on this reader, where ``following`` was to go out next."""
+        if fault.kind == "sequence_repeat" and last:
+            self.wfile.write(chunk(last))
+        elif fault.kind == "malformed":
+            whole = following.rstrip(b"\n")
+            self.wfile.write(chunk(whole[: len(whole) // 2] + b"\n\n"))
+        elif fault.kind == "stall" and fault.seconds > 0:
+            self.state.stopped.wait(fault.seconds)
+        if fault.kind in ("truncate", "malformed", "sequence_repeat"):
+            self.wfile.write(END)
+        else:
+            self._drop()
+
+    def _retrieve(self, response_id: str) -> None:
+        response = self.state.background.get(response_id)
+        if response is None:
+            self._send_error_reply(RESPONSES.not_found(response_id))
+            return
+        query = parse_qs(urlsplit(self.path).query)
+        stream = _flag(query, "stream", False)
+        exchange = self.state.journal.open(self.path, RESPONSES.name, None)
+        exchange.stream, exchange.status = stream, 200
+        if not stream:
+            exchange.outcome = "retrieved"
+            self._send_json(200, response.snapshot())
+            return
+        if not response.streamable(self.state.background.window_s):
+            minutes = max(1, round(self.state.background.window_s / 60))
+            exchange.outcome = "too_old"
+            self._send_error_reply(
+                RESPONSES.error(
+                    400,
+                    "This response can no longer be streamed because it is more than "
+                    f"{minutes} minutes old",
+                ),
+                exchange,
+            )
+            return
+        given = query.get("starting_after")
+        raw_after = given[-1] if given else None
+        if raw_after is not None and not raw_after.isdigit():
+            exchange.outcome = "invalid_request"
+            self._send_error_reply(
+                RESPONSES.error(400, "starting_after: expected an integer", "starting_after"),
+                exchange,
+            )
+            return
+        after = int(raw_after) if raw_after is not None else -1
+        exchange.outcome = "replayed"
+        self._follow(response, after, None, obfuscation=_flag(query, "include_obfuscation", True))
+
+    def _cancel(self, response_id: str) -> None:
+        response = self.state.background.get(response_id)
+        exchange = self.state.journal.open(self.path, RESPONSES.name, None)
+        if response is None:
+            exchange.outcome = "not_found"
+            self._send_error_reply(RESPONSES.not_found(response_id), exchange)
+            return
+        exchange.outcome, exchange.status = "cancelled", 200
+        self._send_json(200, response.cancel())
 
     def _stream(self, call: Call) -> None:
         self.send_response(200)
@@ -383,3 +521,26 @@ class FakeHandler(BaseHTTPRequestHandler):
                 self._send_error_reply(OPENAI.error(404, f"no route POST {route}"))
         except (InvalidRequest, ValidationError, TypeError) as exc:
             self._send_json(422, {"error": {"message": str(exc), "type": "invalid_request_error"}})
+
+
+def _response_route(route: str) -> tuple[str, str] | None:
+    """``/v1/responses/{id}`` → (id, ""); ``/v1/responses/{id}/cancel`` → (id, "cancel")."""
+    parts = route.split("/")
+    if len(parts) in (4, 5) and parts[1:3] == ["v1", "responses"] and parts[3]:
+        return parts[3], parts[4] if len(parts) == 5 else ""
+    return None
+
+
+def _flag(query: Mapping[str, list[str]], name: str, default: bool) -> bool:
+    values = query.get(name)
+    return default if not values else values[-1].lower() in ("true", "1")
+
+
+def _without_obfuscation(data: bytes) -> bytes:
+    """An event as it goes out to a reader that asked for no obfuscation padding."""
+    if b'"obfuscation"' not in data:
+        return data
+    head, _, rest = data.partition(b"data: ")
+    event = json.loads(rest)
+    event.pop("obfuscation", None)
+    return head + b"data: " + dumps(event).encode() + b"\n\n"

@@ -143,8 +143,15 @@ class ResponsesStream:
         self._items: list[dict[str, Any]] = []
         self._ids: dict[Part, str] = {}
         self._last_delta: bytes | None = None
+        #: The response object of the terminal event, once sent.
+        self.last_response: dict[str, Any] | None = None
 
-    def _event(self, kind: str, fields: dict[str, Any]) -> bytes:
+    @property
+    def message_id(self) -> str:
+        """The id of the answer's message item (made when it starts, or now)."""
+        return self._ids.setdefault("text", new_id("msg_"))
+
+    def event(self, kind: str, fields: dict[str, Any]) -> bytes:
         data = dumps({"type": kind, "sequence_number": self._sequence, **fields})
         self._sequence += 1
         return f"event: {kind}\ndata: {data}\n\n".encode()
@@ -164,16 +171,23 @@ class ResponsesStream:
         return 0 if part == "reasoning" or not self._texts["reasoning"] else 1
 
     def opening(self) -> list[bytes]:
-        return [
-            self._event("response.created", {"response": self._response("in_progress")}),
-            self._event("response.in_progress", {"response": self._response("in_progress")}),
-        ]
+        return [self.created(), self.in_progress()]
+
+    def created(self) -> bytes:
+        """``response.created``: a background response starts ``queued``."""
+        status = "queued" if self._background else "in_progress"
+        return self.event("response.created", {"response": self._response(status)})
+
+    def in_progress(self) -> bytes:
+        return self.event("response.in_progress", {"response": self._response("in_progress")})
 
     def group(self, part: Part, emitted: int) -> int:
         return 1
 
     def start(self, part: Part) -> list[bytes]:
-        item_id = self._ids[part] = new_id("rs_" if part == "reasoning" else "msg_")
+        item_id = self._ids[part] = (
+            new_id("rs_") if part == "reasoning" else self._ids.get("text") or new_id("msg_")
+        )
         index = self._index(part)
         part_added: dict[str, Any]
         if part == "reasoning":
@@ -184,8 +198,8 @@ class ResponsesStream:
             part_added = {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
         where = {"item_id": item_id, "output_index": index, "content_index": 0}
         return [
-            self._event("response.output_item.added", {"output_index": index, "item": added}),
-            self._event("response.content_part.added", {**where, "part": part_added}),
+            self.event("response.output_item.added", {"output_index": index, "item": added}),
+            self.event("response.content_part.added", {**where, "part": part_added}),
         ]
 
     def delta(self, part: Part, text: str, emitted: int) -> bytes:
@@ -199,14 +213,14 @@ class ResponsesStream:
             "delta": text,
         }
         if part == "reasoning":
-            return self._event("response.reasoning_text.delta", fields)
+            return self.event("response.reasoning_text.delta", fields)
         fields["logprobs"] = []
         if self._obfuscation:
             # OpenAI pads each delta with random characters so that sizes on the wire do
             # not tell the tokens.
             size = self._rng.randint(1, 16)
             fields["obfuscation"] = "".join(self._rng.choices(_OBFUSCATION, k=size))
-        self._last_delta = self._event("response.output_text.delta", fields)
+        self._last_delta = self.event("response.output_text.delta", fields)
         return self._last_delta
 
     def stop(self, part: Part) -> list[bytes]:
@@ -219,19 +233,19 @@ class ResponsesStream:
             item = reasoning_item(item_id, text, done=True)
             self._items.append(item)
             return [
-                self._event("response.reasoning_text.done", {**where, "text": text}),
-                self._event(
+                self.event("response.reasoning_text.done", {**where, "text": text}),
+                self.event(
                     "response.content_part.done",
                     {**where, "part": {"type": "reasoning_text", "text": text}},
                 ),
-                self._event("response.output_item.done", {"output_index": index, "item": item}),
+                self.event("response.output_item.done", {"output_index": index, "item": item}),
             ]
         item = message_item(item_id, text, "completed")
         self._items.append(item)
         return [
-            self._event("response.output_text.done", {**where, "text": text, "logprobs": []}),
-            self._event("response.content_part.done", {**where, "part": item["content"][0]}),
-            self._event("response.output_item.done", {"output_index": index, "item": item}),
+            self.event("response.output_text.done", {**where, "text": text, "logprobs": []}),
+            self.event("response.content_part.done", {**where, "part": item["content"][0]}),
+            self.event("response.output_item.done", {"output_index": index, "item": item}),
         ]
 
     def closing(self, finish: Finish, emitted: int, reasoning: int) -> list[bytes]:
@@ -240,9 +254,11 @@ class ResponsesStream:
             response = self._response(
                 "incomplete", output=self._items, usage=usage, incomplete="max_output_tokens"
             )
-            return [self._event("response.incomplete", {"response": response})]
+            self.last_response = response
+            return [self.event("response.incomplete", {"response": response})]
         response = self._response("completed", output=self._items, usage=usage)
-        return [self._event("response.completed", {"response": response})]
+        self.last_response = response
+        return [self.event("response.completed", {"response": response})]
 
     def error(self) -> list[bytes]:
         fields = {
@@ -250,7 +266,7 @@ class ResponsesStream:
             "message": "The server is overloaded, please try again later.",
             "param": None,
         }
-        return [self._event("error", fields)]
+        return [self.event("error", fields)]
 
     def out_of_sequence(self, *, repeat: bool) -> bytes:
         """A delta numbered wrong: the last one again under its own number (``repeat``), or
@@ -370,3 +386,8 @@ class ResponsesWire:
         self, status: int, message: str | None = None, param: str | None = None
     ) -> ErrorReply:
         return OpenAIWire().error(status, message, param)
+
+    def not_found(self, response_id: str) -> ErrorReply:
+        reply = self.error(404, f"Response with id '{response_id}' not found.", None)
+        reply.body["error"]["code"] = None
+        return reply

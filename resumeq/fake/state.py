@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from resumeq.fake.background import BackgroundResponses
 from resumeq.fake.chaos import Chaos
 from resumeq.fake.cpu import CpuMeter
 from resumeq.fake.engine import Engine
@@ -26,11 +27,14 @@ class FakeState:
     chaos: Chaos | None = None
     #: The CPU time of the provider's threads, over every start (a reset keeps it).
     cpu: CpuMeter = field(default_factory=CpuMeter)
+    #: Background responses of the Responses wire, generating whoever reads them.
+    background: BackgroundResponses = field(default_factory=BackgroundResponses)
 
     def reset(self) -> None:
         """Clear faults, chaos, journal and prompt cache (the rest of the configuration
         stays)."""
         self.faults.clear()
+        self.background.clear()
         self.chaos = None
         self.journal.clear()
         self.cache.clear()

@@ -58,6 +58,7 @@ class BackgroundResponse:
     def __post_init__(self) -> None:
         self._cond = threading.Condition()
         self._cancelled = threading.Event()
+        self._done = False  # no more events: the generating thread is through
         self._fmt = ResponsesStream(
             self.request, self.usage, response_id=self.response_id, background=True
         )
@@ -115,6 +116,7 @@ class BackgroundResponse:
             exchange.outcome, exchange.finish_reason = "finished", completion.finish
         finally:
             with self._cond:
+                self._done = True
                 self._cond.notify_all()
 
     def _set_status(self, status: str) -> None:
@@ -150,13 +152,13 @@ class BackgroundResponse:
         index = after + 1
         while True:
             with self._cond:
-                while index >= len(self.events) and self._thread.is_alive():
+                while index >= len(self.events) and not self._done:
                     self._cond.wait(0.5)
                 ready = self.events[index:]
-                alive = self._thread.is_alive()
+                done = self._done
             yield from ready
             index += len(ready)
-            if not ready and not alive:
+            if not ready and done:
                 return
 
     def snapshot(self, *, status: str | None = None, error: Any = None) -> dict[str, Any]:

@@ -25,6 +25,11 @@ from resumeq.fake.wire import Generation, InputUsage
 
 #: How long a background response can be streamed after it was created (OpenAI: 5 minutes).
 WINDOW_S = 300.0
+#: How soon a waiting response notices that the provider stopped.
+STOP_POLL_S = 0.02
+#: An ended response is forgotten this long after its window (the fake's memory stays
+#: bounded however many are made).
+FORGET_AFTER_S = 60.0
 #: Statuses after which nothing more is generated.
 ENDED = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
@@ -78,10 +83,15 @@ class BackgroundResponse:
             self._cond.notify_all()
 
     def _wait(self, seconds: float) -> bool:
-        """Sleep; False when the response is to stop (cancelled, or the provider stopped)."""
-        if seconds > 0:
-            self._cancelled.wait(seconds)
-        return not (self._cancelled.is_set() or self.stopped.is_set())
+        """Sleep; False when the response is to stop (cancelled, or the provider stopped:
+        either wakes it within a few milliseconds)."""
+        deadline = time.monotonic() + seconds
+        while not (self._cancelled.is_set() or self.stopped.is_set()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return True
+            self._cancelled.wait(min(left, STOP_POLL_S))
+        return False
 
     def _run(self) -> None:
         fmt, completion, exchange = self._fmt, self.completion, self.exchange
@@ -97,7 +107,7 @@ class BackgroundResponse:
                     self._append(data)
                 journal = exchange.reasoning_pieces if part == "reasoning" else exchange.pieces
                 for piece in pieces:
-                    if emitted == self.fail_at:
+                    if emitted == min(self.fail_at, completion.tokens - 1):
                         return self._fail()
                     if not self._wait(self.delay_s if emitted else 0):
                         return self._stop()
@@ -192,7 +202,15 @@ class BackgroundResponses:
         self.queued_s = 0.0
 
     def add(self, response: BackgroundResponse) -> BackgroundResponse:
+        horizon = time.time() - self.window_s - FORGET_AFTER_S
         with self._lock:
+            old = [
+                key
+                for key, kept in self._by_id.items()
+                if kept.status in ENDED and kept.created_at < horizon
+            ]
+            for key in old:
+                del self._by_id[key]
             self._by_id[response.response_id] = response
         return response.start()
 

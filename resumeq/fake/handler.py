@@ -300,23 +300,23 @@ class FakeHandler(BaseHTTPRequestHandler):
         response goes on); an ``error_event`` fails the response itself."""
         state, fault = self.state, call.fault
         fail_at = fault.after_tokens if fault is not None and fault.kind == "error_event" else -1
-        response = state.background.add(
-            BackgroundResponse(
-                response_id=new_id("resp_"),
-                request=call.request,
-                usage=call.usage,
-                completion=call.completion,
-                exchange=call.exchange,
-                delay_s=state.token_delay_ms / 1000.0,
-                stopped=state.stopped,
-                fail_at=fail_at,
-                queued_s=state.background.queued_s,
-            )
+        response = BackgroundResponse(
+            response_id=new_id("resp_"),
+            request=call.request,
+            usage=call.usage,
+            completion=call.completion,
+            exchange=call.exchange,
+            delay_s=state.token_delay_ms / 1000.0,
+            stopped=state.stopped,
+            fail_at=fail_at,
+            queued_s=state.background.queued_s,
         )
+        created = response.snapshot()  # as it is made: queued
+        state.background.add(response)
         call.exchange.status = 200
         call.exchange.response = {"id": response.response_id}
         if not call.request.stream:
-            self._send_json(200, response.snapshot())
+            self._send_json(200, created)
             return
         reader_fault = fault if fault is not None and fault.kind != "error_event" else None
         self._follow(response, -1, reader_fault, obfuscation=call.request.obfuscation)
@@ -336,7 +336,9 @@ class FakeHandler(BaseHTTPRequestHandler):
         self.send_header("cache-control", "no-cache")
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
-        cut_at = fault.after_tokens if fault is not None else -1
+        # Clamped as a stream's fault is: a fault past the end fires at the last token.
+        total = response.completion.tokens
+        cut_at = min(fault.after_tokens, max(total - 1, 0)) if fault is not None else -1
         tokens, last, skipped = 0, b"", False
         try:
             for event in response.follow(after):

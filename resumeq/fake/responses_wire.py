@@ -104,7 +104,7 @@ def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
         "id": item_id,
         "type": "message",
         "status": status,
-        "content": content if status == "completed" else [],
+        "content": content if status != "in_progress" else [],
         "role": "assistant",
     }
 
@@ -143,6 +143,7 @@ class ResponsesStream:
         self._items: list[dict[str, Any]] = []
         self._ids: dict[Part, str] = {}
         self._last_delta: bytes | None = None
+        self._part: Part = "text"  # the part the last delta was of
         #: The response object of the terminal event, once sent.
         self.last_response: dict[str, Any] | None = None
 
@@ -203,6 +204,7 @@ class ResponsesStream:
         ]
 
     def delta(self, part: Part, text: str, emitted: int) -> bytes:
+        self._part = part
         if part == "text":
             text, self._echo = self._echo + text, ""
         self._texts[part].append(text)
@@ -213,7 +215,8 @@ class ResponsesStream:
             "delta": text,
         }
         if part == "reasoning":
-            return self.event("response.reasoning_text.delta", fields)
+            self._last_delta = self.event("response.reasoning_text.delta", fields)
+            return self._last_delta
         fields["logprobs"] = []
         if self._obfuscation:
             # OpenAI pads each delta with random characters so that sizes on the wire do
@@ -274,10 +277,10 @@ class ResponsesStream:
         if repeat and self._last_delta is not None:
             return self._last_delta
         self._sequence += 1
-        return self.delta("text", " skipped", 0)
+        return self.delta(self._part, " skipped", 0)
 
     def malformed(self) -> bytes:
-        whole = self.delta("text", " interrupted", 0).rstrip(b"\n")
+        whole = self.delta(self._part, " interrupted", 0).rstrip(b"\n")
         return whole[: len(whole) // 2] + b"\n\n"
 
 

@@ -76,7 +76,7 @@ class FakeProvider:
         if server is None or thread is None:
             return
         self.state.stopped.set()
-        self.state.background.join()
+        self.state.background.clear()
         server.shutdown()
         server.pacer.stop()
         server.close_connections()

@@ -24,7 +24,7 @@ import httpx
 from httpx_sse import ServerSentEvent
 
 from resumeq.continuation import RequestPlan
-from resumeq.errors import InBandError, MalformedChunk
+from resumeq.errors import FatalProviderError, InBandError, MalformedChunk
 from resumeq.providers.base import (
     OutputDelta,
     ProviderClient,
@@ -78,6 +78,11 @@ class ResponsesStream(ProviderStream):
         self.status: str | None = None
         #: The last sequence number read (``after``: a reattached stream's starting point).
         self.sequence: int | None = after
+        self._after = after
+        #: Whether this server numbers its events (llama.cpp's does not): the first says.
+        self._numbered: bool | None = None
+        #: Replaying from 0 (``starting_after`` ignored): the number expected next.
+        self._replayed: int | None = None
         self._ended = False
 
     def _on_event(self, sse: ServerSentEvent) -> Iterator[StreamEvent]:
@@ -87,29 +92,55 @@ class ResponsesStream(ProviderStream):
             raise MalformedChunk(f"an event without a type: {sse.data[:120]!r}")
         if sse.event not in ("message", kind):
             raise MalformedChunk(f"event line {sse.event!r} but type {kind!r}")
-        self._sequence(event, sse.data)
+        if not self._sequence(event, sse.data):
+            return  # replayed from the start: already read before
         response = event.get("response")
         if isinstance(response, dict):
             self._note(response)
+        yield from self._typed(kind, event, response, sse.data)
+
+    def _typed(
+        self, kind: str, event: dict[str, Any], response: Any, raw: str
+    ) -> Iterator[StreamEvent]:
         if kind == "response.output_text.delta":
-            yield TextDelta(self._unicode(_text(event, sse.data)), 1, False)
+            yield TextDelta(self._unicode(_text(event, raw)), 1, False)
         elif kind in _REASONING_DELTAS:
-            text = self._unicode(_text(event, sse.data), "reasoning")
+            text = self._unicode(_text(event, raw), "reasoning")
             yield OutputDelta("reasoning", text, 1, False)
         elif kind in _OTHER_DELTAS:
-            yield OutputDelta("other", _text(event, sse.data), 1, False)
+            yield OutputDelta("other", _text(event, raw), 1, False)
         elif kind in ("response.completed", "response.incomplete"):
             yield from self._end(kind, response)
         elif kind == "response.failed":
             error = response.get("error") if isinstance(response, dict) else None
-            raise _in_band("response failed", error, sse.data)
+            raise _in_band("response failed", error, raw)
         elif kind == "error":
-            raise _in_band("error event", event, sse.data)
+            nested = event.get("error")
+            raise _in_band("error event", nested if isinstance(nested, dict) else event, raw)
 
-    def _sequence(self, event: dict[str, Any], raw: str) -> None:
+    def _sequence(self, event: dict[str, Any], raw: str) -> bool:
+        """Check the event's number; False for an event to skip (a server that ignored
+        ``starting_after`` replays from 0: what was read before is dropped, never kept
+        twice)."""
         number = event.get("sequence_number")
+        if self._numbered is None:
+            self._numbered = number is not None
+        if not self._numbered:
+            if number is not None:
+                raise MalformedChunk(f"a numbered event in an unnumbered stream: {raw[:120]!r}")
+            return True
         if isinstance(number, bool) or not isinstance(number, int) or number < 0:
             raise MalformedChunk(f"an event without a sequence number: {raw[:120]!r}")
+        replaying = self._after is not None and self.sequence is not None
+        if replaying and number == 0 and self.sequence == self._after:
+            self._replayed = 0  # the server starts over: skip through ``after``
+        if self._replayed is not None:
+            if number != self._replayed:
+                raise MalformedChunk(f"event {number} out of sequence in a replay")
+            if number <= (self._after or 0):
+                self._replayed = number + 1
+                return False
+            self._replayed = None
         expected = 0 if self.sequence is None else self.sequence + 1
         if number != expected:
             raise MalformedChunk(
@@ -117,6 +148,7 @@ class ResponsesStream(ProviderStream):
                 "be placed for sure"
             )
         self.sequence = number
+        return True
 
     def _note(self, response: dict[str, Any]) -> None:
         if isinstance(response.get("id"), str):
@@ -127,12 +159,15 @@ class ResponsesStream(ProviderStream):
     def _end(self, kind: str, response: Any) -> Iterator[StreamEvent]:
         if not isinstance(response, dict):
             raise MalformedChunk(f"{kind} without its response")
-        if kind == "response.completed":
-            self.finish_reason = "stop"
-        else:
+        # By the response's status, not the event's name: vLLM ends a response cut short by
+        # its budget with ``response.completed`` whose status is ``incomplete``.
+        status = response.get("status") or kind.removeprefix("response.")
+        if status == "incomplete":
             details = response.get("incomplete_details")
             reason = details.get("reason") if isinstance(details, dict) else None
             self.finish_reason = _INCOMPLETE.get(str(reason), str(reason or "incomplete"))
+        else:
+            self.finish_reason = "stop"
         self._ended = True
         usage = usage_of(response.get("usage"))
         if usage is not None:
@@ -192,6 +227,11 @@ class ResponsesClient(ProviderClient):
             "max_output_tokens": plan.max_tokens,
         }
         params = plan.params
+        if params.stop or params.seed is not None:
+            raise FatalProviderError(
+                "the Responses API takes no stop sequences and no seed: this job's "
+                f"{'stop' if params.stop else 'seed'} cannot be sent (use kind openai)"
+            )
         if params.temperature is not None:
             body["temperature"] = params.temperature
         if params.top_p is not None:

@@ -308,6 +308,14 @@ class Janitor:
         output = text_bytes - record.attempt_text_base + record.attempt_hidden_bytes
         return counted, estimate(0, output, counted=counted, bytes_per_token=ratio)
 
+    def _min_output_tokens(self, record: JobRecord) -> int:
+        """The fewest tokens the job's provider takes a request for (1 if this janitor does
+        not know its profile)."""
+        try:
+            return self.ctx.settings.profile(record.spec.provider).min_output_tokens
+        except ConfigError:
+            return 1
+
     def _judge(self, report: SweepReport, d: _Dead) -> bool:
         """Ask the gate for one job and write its dead attempt's ledger record (no I/O);
         answers whether it went through."""
@@ -324,7 +332,7 @@ class Janitor:
         d.progressed = d.tokens > 0 or text_bytes > record.attempt_text_base
         view = JobView(
             budget_tokens=record.budget_tokens,
-            floor_tokens=record.floor_tokens,
+            floor_tokens=max(record.floor_tokens, self._min_output_tokens(record)),
             spent_output_tokens=spent,
             prefix_chars=text_bytes,
             attempts=record.attempt,

@@ -122,6 +122,13 @@ class ProviderProfile(BaseModel):
         return self
 
     @property
+    def min_output_tokens(self) -> int:
+        """The fewest output tokens a request may ask for: OpenAI's Responses API refuses a
+        ``max_output_tokens`` below 16 (a continuation with less left takes the job's exit,
+        as below its floor)."""
+        return 16 if self.kind == "openai-responses" else 1
+
+    @property
     def tokenizer_format(self) -> Literal["vllm", "llamacpp", "anthropic"]:
         """The counting endpoint's format, defaulted from the kind."""
         if self.tokenizer is not None:

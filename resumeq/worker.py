@@ -244,7 +244,7 @@ class AttemptRunner:
         now_ms = _now_ms()
         view = JobView(
             budget_tokens=record.budget_tokens,
-            floor_tokens=record.floor_tokens,
+            floor_tokens=max(record.floor_tokens, profile.min_output_tokens),
             spent_output_tokens=record.spent_output_tokens + ckpt.flushed_tokens,
             prefix_chars=len(prefix) + ckpt.flushed_chars,
             attempts=record.attempt,

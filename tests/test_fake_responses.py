@@ -137,6 +137,7 @@ def test_a_final_assistant_message_in_progress_is_continued(
             "input.0",
         ),
         ({"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"model": "m", "input": "x", "max_output_tokens": 15}, "max_output_tokens"),
     ],
 )  # fmt: skip
 def test_bad_requests_are_refused_naming_the_field(
@@ -204,9 +205,9 @@ def test_resumeq_names_each_cut(fake: FakeProvider) -> None:
         fake.add_faults([{"kind": "malformed", "after_tokens": 5}])
         with pytest.raises(MalformedChunk), client.open(plan()) as stream:
             read(stream)
-        with client.open(plan(max_tokens=7)) as stream:
+        with client.open(plan(max_tokens=16)) as stream:
             _, _, usages = read(stream)
-        assert stream.finish_reason == "length" and usages[0].output_tokens == 7
+        assert stream.finish_reason == "length" and usages[0].output_tokens == 16
 
 
 @pytest.mark.parametrize("kind", ["sequence_skip", "sequence_repeat"])
@@ -449,3 +450,26 @@ def test_servers_that_differ_from_openai_are_read_right() -> None:
         make_client(ProviderProfile(kind="openai-responses", base_url="http://x"), http).body(
             stopped
         )
+
+
+def test_less_than_the_provider_takes_left_is_the_jobs_exit_not_a_refused_request(
+    fake: FakeProvider, redis_server: RedisServer, real_store: Store
+) -> None:
+    """OpenAI refuses max_output_tokens below 16: a job cut with less than that left (its
+    own floor lower) takes its exit, as below its floor, instead of buying a 400."""
+    below = httpx.post(f"{fake.openai_base_url}/responses", timeout=10,
+                       json={"model": "m", "input": "x", "max_output_tokens": 15})  # fmt: skip
+    assert below.status_code == 400 and "Expected a value >= 16" in below.text
+    providers = {"r": {"kind": "openai-responses", "base_url": fake.openai_base_url,
+                       "counting": "usage+tokenizer", "stall_timeout_s": 5}}  # fmt: skip
+    prompt = "Nearly the whole budget, then a cut."
+    fake.add_faults([{"kind": "disconnect", "after_tokens": 90, "match": prompt}])
+    with attempt_runner(redis_server.url, providers) as runner:
+        spec = {"prompt": prompt, "provider": "r", "model": "m", "budget_tokens": 100,
+                "floor_tokens": 1, "exit": {"droppable": True}}  # fmt: skip
+        job_id = real_store.create(spec).id
+        record = run_to_rest(runner, job_id)
+    assert record.state.value == "abandoned", (record.state, record.reason)
+    assert "remaining budget 10 is below the floor 16" in (record.reason or "")
+    asked = [r for r in fake.journal(settle_s=1) if prompt in str(r["body"])]
+    assert len(asked) == 1  # no continuation the provider would refuse

@@ -44,6 +44,8 @@ from resumeq.fake.wire import (
 )
 
 _OBFUSCATION = string.ascii_letters + string.digits
+#: OpenAI refuses a ``max_output_tokens`` below this.
+MIN_OUTPUT_TOKENS = 16
 
 
 def usage_json(usage: InputUsage, output: int, reasoning: int) -> dict[str, Any]:
@@ -350,11 +352,19 @@ class ResponsesWire:
             )
         conversation = conversation_of(messages)
         options = options if isinstance(options, Mapping) else {}
+        max_tokens = positive_int(body, "max_output_tokens")
+        if max_tokens is not None and max_tokens < MIN_OUTPUT_TOKENS:
+            # OpenAI's own words and code for it.
+            raise InvalidRequest(
+                "Invalid 'max_output_tokens': integer below minimum value. Expected a value "
+                f">= {MIN_OUTPUT_TOKENS}, but got {max_tokens} instead.",
+                "max_output_tokens",
+            )
         return Generation(
             conversation=conversation,
             continuation=conversation.continuation(continue_final_message=continue_final),
             model=model,
-            max_tokens=positive_int(body, "max_output_tokens"),
+            max_tokens=max_tokens,
             stream=stream,
             include_usage=True,
             obfuscation=options.get("include_obfuscation") is not False,

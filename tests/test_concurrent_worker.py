@@ -180,12 +180,11 @@ def test_sigterm_hands_every_stream_on_at_once(world: World, how: str) -> None:
         extra.append(lost_at_first_cut(world, job_id, prompt))
     # Nothing paid twice: every token received was made durable and the continuation
     # started from it. Paid for and lost: only what the provider sent before it saw the
-    # connection close (on the wire, or not yet read by a busy process — the bounds allow
-    # for a loaded machine: one stream lost 27 while the console's browser tests ran beside
-    # it; test_worker_context.py holds one stream to a token).
+    # connection close (on the wire, or not yet read by a busy process — the bound allows
+    # for a loaded machine; test_worker_context.py holds one stream to a token).
     print("tokens sent and not kept, per handed-off stream:", sorted(extra))
     assert sum(extra) <= FLUSH_TOKENS * len(extra), sorted(extra)
-    assert max(extra) <= 4 * FLUSH_TOKENS, sorted(extra)
+    assert max(extra) <= 3 * FLUSH_TOKENS, sorted(extra)
 
 
 def test_a_second_signal_is_a_cold_stop(world: World) -> None:

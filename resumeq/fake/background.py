@@ -151,9 +151,6 @@ class BackgroundResponse:
         self._thread.join(timeout=5)
         return self.snapshot()
 
-    def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
-
     # -- reading ------------------------------------------------------------------------------
 
     def follow(self, after: int) -> Iterator[Event]:
@@ -224,9 +221,3 @@ class BackgroundResponses:
             responses, self._by_id = list(self._by_id.values()), {}
         for response in responses:
             response.cancel()
-
-    def join(self, timeout: float = 5.0) -> None:
-        with self._lock:
-            responses = list(self._by_id.values())
-        for response in responses:
-            response.join(timeout)

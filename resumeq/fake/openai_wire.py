@@ -19,6 +19,7 @@ from typing import Any
 from resumeq.fake.conversation import InvalidRequest, conversation_of
 from resumeq.fake.plan import Finish, Part
 from resumeq.fake.prompt import PromptCache, layout
+from resumeq.fake.stream import StreamFormat
 from resumeq.fake.wire import (
     ErrorReply,
     Generation,
@@ -180,7 +181,7 @@ class OpenAIWire:
         prompt = layout(request.conversation)
         return InputUsage(len(prompt), cache_read=cache.openai(request.model, prompt).read)
 
-    def stream_format(self, request: Generation, usage: InputUsage) -> OpenAIStream:
+    def stream_format(self, request: Generation, usage: InputUsage) -> StreamFormat:
         return OpenAIStream(request, usage)
 
     def body(

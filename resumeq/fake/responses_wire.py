@@ -31,7 +31,7 @@ from typing import Any
 from resumeq.fake.conversation import InvalidRequest, conversation_of
 from resumeq.fake.openai_wire import OpenAIWire
 from resumeq.fake.plan import Finish, Part
-from resumeq.fake.prompt import PromptCache, layout
+from resumeq.fake.stream import StreamFormat
 from resumeq.fake.wire import (
     ErrorReply,
     Generation,
@@ -336,9 +336,10 @@ def _content(item: Mapping[str, Any], param: str) -> Any:
     return parts
 
 
-class ResponsesWire:
+class ResponsesWire(OpenAIWire):
+    """OpenAI's errors and prompt cache, another request and stream."""
+
     name = "responses"
-    overload_status = 503
 
     def parse(self, body: Mapping[str, Any]) -> Generation:
         model = model_of(body)
@@ -370,11 +371,7 @@ class ResponsesWire:
             obfuscation=options.get("include_obfuscation") is not False,
         )
 
-    def input_usage(self, cache: PromptCache, request: Generation) -> InputUsage:
-        prompt = layout(request.conversation)
-        return InputUsage(len(prompt), cache_read=cache.openai(request.model, prompt).read)
-
-    def stream_format(self, request: Generation, usage: InputUsage) -> ResponsesStream:
+    def stream_format(self, request: Generation, usage: InputUsage) -> StreamFormat:
         return ResponsesStream(request, usage, obfuscation=request.obfuscation)
 
     def body(
@@ -394,11 +391,6 @@ class ResponsesWire:
             usage=usage_json(usage, output.tokens, output.reasoning_tokens),
             incomplete="max_output_tokens" if finish == "length" else None,
         )
-
-    def error(
-        self, status: int, message: str | None = None, param: str | None = None
-    ) -> ErrorReply:
-        return OpenAIWire().error(status, message, param)
 
     def not_found(self, response_id: str) -> ErrorReply:
         reply = self.error(404, f"Response with id '{response_id}' not found.", None)

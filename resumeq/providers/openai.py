@@ -176,7 +176,7 @@ def _string(delta: dict[str, Any], key: str, raw: str) -> str:
 
 class OpenAIClient(ProviderClient):
     endpoint = "/chat/completions"
-    stream_class = OpenAIStream
+    stream_class: type[ProviderStream] = OpenAIStream
 
     def headers(self) -> dict[str, str]:
         key = self.api_key

@@ -27,7 +27,6 @@ from resumeq.continuation import RequestPlan
 from resumeq.errors import FatalProviderError, InBandError, MalformedChunk
 from resumeq.providers.base import (
     OutputDelta,
-    ProviderClient,
     ProviderStream,
     StreamEvent,
     TextDelta,
@@ -35,6 +34,7 @@ from resumeq.providers.base import (
     int_or_none,
     json_object,
 )
+from resumeq.providers.openai import OpenAIClient
 
 #: Deltas of reasoning text (the model's own, or its summary).
 _REASONING_DELTAS = frozenset(
@@ -193,13 +193,11 @@ def _in_band(what: str, error: Any, raw: str) -> InBandError:
     return InBandError(f"in-band error: {message}", error_type=kind, body=raw[:4096])
 
 
-class ResponsesClient(ProviderClient):
+class ResponsesClient(OpenAIClient):
+    """OpenAI's authentication, another endpoint and body."""
+
     endpoint = "/responses"
     stream_class = ResponsesStream
-
-    def headers(self) -> dict[str, str]:
-        key = self.api_key
-        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def body(self, plan: RequestPlan) -> dict[str, Any]:
         extra = dict(plan.extra_body)

@@ -297,30 +297,19 @@ async def job_events(request: Request) -> Response:
             f"revision {after} is beyond the job's last ({job['revision']})",
         )
     record = await svc.run(svc.store.get, job_id)
-    hub = svc.hub
-    assert hub is not None
-    if record.events_trimmed is not None:  # ended a while ago: its text, from a snapshot
-        body = sse.replay(hub.client, job_id, after=after, state=record.state.value)
-        return sse.EventStream(body)
-    # Checked and joined with no await between: concurrent requests cannot all pass.
-    if job_id not in hub.feeds and len(hub.feeds) >= svc.server.max_followed_jobs:
-        raise Problem(
-            503,
-            f"this server follows {len(hub.feeds)} jobs, its most ([server] "
-            "max_followed_jobs): try again, or another server process",
-            headers={"Retry-After": RETRY_AFTER_S},
+    assert svc.hub is not None
+    try:
+        return svc.hub.stream(
+            record,
+            after=after,
+            keepalive_s=svc.server.keepalive_s,
+            principal=who.name,
+            max_jobs=svc.server.max_followed_jobs,
+            # operators and viewers are not counted
+            max_streams=svc.server.max_streams_per_producer if who.role == "producer" else 0,
         )
-    cap = svc.server.max_streams_per_producer
-    if who.role == "producer" and cap and hub.by_principal[who.name] >= cap:
-        raise Problem(
-            429,
-            f"{who.name} holds {hub.by_principal[who.name]} event streams on this server, "
-            "its most ([server] max_streams_per_producer): close one, or try again",
-            headers={"Retry-After": RETRY_AFTER_S},
-        )
-    feed = hub.join(job_id, who.name)
-    body = sse.follow(feed, after=after, keepalive_s=svc.server.keepalive_s)
-    return sse.EventStream(body, release=lambda: hub.leave(feed, who.name))
+    except sse.Full as full:
+        raise Problem(full.status, full.message, headers={"Retry-After": RETRY_AFTER_S}) from None
 
 
 def _after(request: Request) -> int:

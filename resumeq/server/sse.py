@@ -33,7 +33,7 @@ from resumeq import keys
 from resumeq.async_client import AsyncClient
 from resumeq.client import EventCursor
 from resumeq.errors import RedisUnavailable
-from resumeq.models import JobState
+from resumeq.models import JobRecord, JobState
 from resumeq.store import redis_errors
 
 #: States after which nothing more happens to a job; a spill waits for a person (a follower
@@ -298,6 +298,15 @@ class Reader:
         self.feeds.clear()
 
 
+class Full(Exception):
+    """A follower this process will not take now (its status, and why)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 class Hub:
     """The feeds of this process, one per followed job, gone with their last follower,
     read by as few :class:`Reader` s as hold them."""
@@ -327,6 +336,40 @@ class Hub:
         self.followers += 1
         self.by_principal[principal] += 1
         return feed
+
+    def stream(
+        self,
+        record: JobRecord,
+        *,
+        after: int,
+        keepalive_s: float,
+        principal: str,
+        max_jobs: int,
+        max_streams: int = 0,
+    ) -> EventStream:
+        """The event stream of ``record``'s job after revision ``after``: one snapshot read
+        of its own for a job whose events were trimmed, else a follower of its feed.
+        :class:`Full` past ``max_jobs`` followed jobs, or past ``max_streams`` streams of
+        ``principal`` (0: no limit). Checked and joined with no await between: concurrent
+        requests cannot all pass."""
+        job_id = record.id
+        if record.events_trimmed is not None:  # ended a while ago: its text, from a snapshot
+            return EventStream(replay(self.client, job_id, after=after, state=record.state.value))
+        if job_id not in self.feeds and len(self.feeds) >= max_jobs:
+            raise Full(
+                503,
+                f"this server follows {len(self.feeds)} jobs, its most ([server] "
+                "max_followed_jobs): try again, or another server process",
+            )
+        if max_streams and self.by_principal[principal] >= max_streams:
+            raise Full(
+                429,
+                f"{principal} holds {self.by_principal[principal]} event streams on this "
+                "server, its most ([server] max_streams_per_producer): close one, or try again",
+            )
+        feed = self.join(job_id, principal)
+        body = follow(feed, after=after, keepalive_s=keepalive_s)
+        return EventStream(body, release=lambda: self.leave(feed, principal))
 
     def leave(self, feed: Feed, principal: str) -> None:
         feed.followers -= 1

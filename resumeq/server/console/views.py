@@ -314,16 +314,17 @@ class Console:
         last = request.headers.get("last-event-id")
         after = _cursor_int(last if last else request.query_params.get("after"))
         record = await svc.run(_get, svc.store, job_id)
-        hub = svc.hub
-        if record.events_trimmed is not None:
-            body = sse.replay(hub.client, job_id, after=after, state=record.state.value)
-            return sse.EventStream(body)
-        if job_id not in hub.feeds and len(hub.feeds) >= svc.server.max_followed_jobs:
-            raise PageError(503, "This server follows its most jobs: reload in a moment.")
-        feed = hub.join(job_id, who.principal.name)
-        body = sse.follow(feed, after=after, keepalive_s=svc.server.keepalive_s)
-        name = who.principal.name
-        return sse.EventStream(body, release=lambda: hub.leave(feed, name))
+        try:
+            stream: Response = svc.hub.stream(
+                record,
+                after=after,
+                keepalive_s=svc.server.keepalive_s,
+                principal=who.principal.name,
+                max_jobs=svc.server.max_followed_jobs,
+            )
+        except sse.Full as full:
+            raise PageError(full.status, full.message) from None
+        return stream
 
     async def spill(self, request: Request, who: Session) -> Response:
         svc = self.svc

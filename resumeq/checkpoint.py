@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from resumeq.errors import LeaseLost, RedisUnavailable
 from resumeq.metrics import Histogram
-from resumeq.models import Lease
+from resumeq.models import Lease, ResponsePosition
 from resumeq.store import Store, request_id
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,8 @@ class _Batch:
     exact: bool = True
     #: Bytes of output that is not text (reasoning), for a janitor's estimate.
     hidden_bytes: int = 0
+    #: Where the batch ends in a background response (None: it comes from none).
+    response: ResponsePosition | None = None
     request: str = field(default_factory=request_id)
 
 
@@ -81,6 +83,9 @@ class Checkpointer:
         #: What the last flush tried to write when Redis did not answer. It may have been
         #: applied; the next flush finds out.
         self._inflight: _Batch | None = None
+        #: Where what was added so far ends in a background response, if it comes from
+        #: one: set before each :meth:`add`, written with the text it goes with.
+        self.response: ResponsePosition | None = None
 
     @property
     def pending_tokens(self) -> int:
@@ -141,6 +146,7 @@ class Checkpointer:
                     exact=batch.exact,
                     hidden_bytes=batch.hidden_bytes,
                     request=batch.request,
+                    response=batch.response,
                 )
             except RedisUnavailable as exc:
                 self._inflight = batch
@@ -156,6 +162,7 @@ class Checkpointer:
         batch = _Batch(len(self._pending_text), self._pending_tokens, self._pending_tokens)
         batch.exact = self.exact
         batch.hidden_bytes = self._pending_hidden
+        batch.response = self.response
         if settle is not None:
             total, batch.exact = settle
             batch.tokens = total - self.flushed_tokens

@@ -35,7 +35,8 @@ INSTRUCTION = (
     "repeat any of it, add no preamble, and keep the same style. It ends with:\n"
 )
 
-AttemptKind = Literal["fresh", "retry", "resume"]
+#: ``reattach``: the rest of a background response read from the provider (no new request).
+AttemptKind = Literal["fresh", "retry", "resume", "reattach"]
 
 # Rough token pieces for choosing a tail: a word with its leading white space, or a run
 # of punctuation. Providers' tokenizers differ; a tail only needs to be about N tokens.
@@ -69,6 +70,9 @@ class RequestPlan:
     prefix_chars_sent: int = 0
     #: The prefix text exactly as the request carries it (an engine may echo it back).
     sent: str = ""
+    #: A reattach: the background response, and the last sequence number already stored.
+    response_id: str | None = None
+    after: int | None = None
 
 
 def tail_pieces(text: str, n: int) -> str:
@@ -94,6 +98,22 @@ def _context(spec: JobSpec, profile: ProviderProfile) -> list[ChatMessage]:
         # from the cache instead of paying for it again.
         out[-1] = ChatMessage(role=out[-1].role, content=out[-1].content, cache=True)
     return out
+
+
+def plan_reattach(
+    spec: JobSpec, *, response_id: str, after: int, remaining_tokens: int
+) -> RequestPlan:
+    """Read the rest of background response ``response_id`` after event ``after``: nothing
+    is sent again, nothing new is bought."""
+    return RequestPlan(
+        kind="reattach",
+        model=spec.model,
+        messages=(),
+        max_tokens=remaining_tokens,
+        params=spec.params,
+        response_id=response_id,
+        after=after,
+    )
 
 
 def plan_request(

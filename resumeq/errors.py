@@ -20,6 +20,8 @@ into resumeq, and never leak past that boundary::
     │   │   ├── InBandError             an error event behind HTTP 200
     │   │   └── Stalled                 no bytes, or no content, for stall_timeout_s
     │   ├── FatalProviderError      400/401/403/404/422 and other 4xx: never retried
+    │   ├── ReattachRefused         a background response cannot be read on: continue instead
+    │   ├── ResponseQueued          a background response has not started: poll it again
     │   └── UnreadableCount         a counting endpoint answered something that is no count
     └── StoreError                  the job store refused or failed an operation
         ├── RedisUnavailable        Redis could not be reached (connection, timeout)
@@ -217,6 +219,20 @@ class FatalProviderError(ProviderError):
     """The request itself is wrong (or not allowed): sending it again cannot help."""
 
     kind = "fatal"
+
+
+class ReattachRefused(ProviderError):
+    """A background response cannot be read on: too old to be streamed, gone, failed,
+    cancelled, not a background response, or made for another model. The attempt goes on
+    with a continuation from the stored prefix instead."""
+
+    kind = "reattach_refused"
+
+
+class ResponseQueued(ProviderError):
+    """A background response is still ``queued``: polled again later, never made twice."""
+
+    kind = "queued"
 
 
 class UnreadableCount(ProviderError):

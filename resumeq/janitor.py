@@ -302,9 +302,15 @@ class Janitor:
         if record.counts_exact:
             return counted, counted
         try:
-            ratio = self.ctx.settings.profile(record.spec.provider).bytes_per_token
+            profile = self.ctx.settings.profile(record.spec.provider)
         except ConfigError:
-            ratio = MIN_BYTES_PER_TOKEN
+            profile = None
+        if profile is not None and profile.background and record.response_readable:
+            # The next attempt reads the rest of the same response from the provider, and
+            # with it the response's billed total: the count stays as counted (a guess that
+            # errs high now would be charged on top of that total).
+            return counted, counted
+        ratio = profile.bytes_per_token if profile is not None else MIN_BYTES_PER_TOKEN
         output = text_bytes - record.attempt_text_base + record.attempt_hidden_bytes
         return counted, estimate(0, output, counted=counted, bytes_per_token=ratio)
 

@@ -23,7 +23,7 @@ class AttemptRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="allow")
 
     attempt: int
-    kind: Literal["fresh", "retry", "resume"]
+    kind: Literal["fresh", "retry", "resume", "reattach"]
     worker: str
     #: When the attempt fell due (enqueued, or its delay over), a worker took its RQ job,
     #: it started (its lease taken), the provider's first byte came, and it ended (ms):
@@ -121,6 +121,7 @@ def summary(
         "attempts": len(records),
         "resumes": sum(1 for r in records if r.kind == "resume"),
         "retries": sum(1 for r in records if r.kind == "retry"),
+        "reattaches": sum(1 for r in records if r.kind == "reattach"),
         "output_tokens_billed": billed_out,
         "output_tokens_persisted": persisted,
         "input_tokens_billed": billed_in,

@@ -111,6 +111,16 @@ class JobRecord(BaseModel):
     #: bytes after each revision that added text — where a late follower resumes from.
     events_trimmed: int | None = None
     text_offsets: str = ""
+    #: The provider's background response the last attempts read (``background = true``
+    #: profiles): its id, the provider and model it was made for (``provider model``), the
+    #: attempt that made it and the cursor then, and the last event number whose output is
+    #: in the stored text and cursor (absent while the seam of a continuation was open:
+    #: the stored text then matches no event, and the response cannot be reattached).
+    response_id: str | None = None
+    response_for: str | None = None
+    response_attempt: int | None = None
+    response_spent_base: int | None = None
+    response_seq: int | None = None
 
     def text_bytes_after(self, revision: int) -> int:
         """How many bytes of the text a follower had after ``revision``, from
@@ -124,11 +134,35 @@ class JobRecord(BaseModel):
         return end
 
     @property
-    def attempt_kind(self) -> Literal["fresh", "retry", "resume"]:
-        """``fresh``, ``retry`` or ``resume``: what the current attempt is."""
+    def attempt_kind(self) -> Literal["fresh", "retry", "resume", "reattach"]:
+        """``fresh``, ``retry``, ``resume`` or ``reattach``: what the current attempt is (a
+        worker that does not reattach a response it finds forgets it first)."""
+        if self.reattachable:
+            return "reattach"
         if self.attempt_text_base > 0:
             return "resume"
         return "fresh" if self.attempt <= 1 else "retry"
+
+    @property
+    def response_readable(self) -> bool:
+        """Whether the job's background response can be read on: the stored text ends at
+        an event of it, and it was made for the job's provider and model (a job moved to
+        another never reads the first one's)."""
+        return (
+            self.response_id is not None
+            and self.response_seq is not None
+            and self.response_for == made_for(self.spec.provider, self.spec.model)
+        )
+
+    @property
+    def reattachable(self) -> bool:
+        """Whether the current attempt can read the rest of a response an earlier attempt
+        made (on a profile with ``background = true``)."""
+        return (
+            self.response_readable
+            and self.response_attempt is not None
+            and self.response_attempt < self.attempt
+        )
 
     @property
     def remaining_tokens(self) -> int:
@@ -178,3 +212,26 @@ class FlushResult(BaseModel):
     spent_output_tokens: int
     #: Length of the stored prefix in bytes (UTF-8) after the append.
     prefix_bytes: int
+
+
+class ResponsePosition(BaseModel):
+    """Where an attempt stands in a provider's background response: its id, the last event
+    whose output the stored text includes (None: the text matches no event, as while a
+    continuation's seam is open), and the provider and model it was made for."""
+
+    model_config = ConfigDict(frozen=True)
+
+    response_id: str
+    sequence: int | None
+    made_for: str
+
+    def args(self) -> tuple[str, str, str]:
+        """The scripts' arguments."""
+        seq = "" if self.sequence is None else str(self.sequence)
+        return self.response_id, seq, self.made_for
+
+
+def made_for(provider: str, model: str) -> str:
+    """What a background response is made for: the job's provider profile and model (a
+    job moved to another is never read on from the first's response)."""
+    return f"{provider} {model}"

@@ -8,11 +8,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
+
 from resumeq import keys, outbox
-from resumeq.errors import JobNotFound, ResumeqError
+from resumeq.errors import ConfigError, JobNotFound, ResumeqError
 from resumeq.ledger import summary
-from resumeq.models import JobRecord, JobState
+from resumeq.models import JobRecord, JobState, made_for
+from resumeq.providers import make_client
 from resumeq.queueing import discard_attempt
+from resumeq.settings import Settings
 from resumeq.store import Store, decode, redis_errors
 
 
@@ -367,3 +371,24 @@ def bulk(
         else:
             result.done.append(record.id)
     return result
+
+
+def stop_background_response(settings: Settings, record: JobRecord) -> str | None:
+    """Cancel, at the provider, the background response a cancelled job was reading
+    (``POST /responses/{id}/cancel``): nobody will read the rest, so nobody should pay
+    for it. Answers the response's id when it was cancelled; None when the job has none
+    this process can reach (no such profile here, or not a background one). A provider
+    error is raised (:class:`~resumeq.errors.ProviderError`)."""
+    if record.response_id is None:
+        return None
+    try:
+        profile = settings.profile(record.spec.provider)
+    except ConfigError:
+        return None
+    if not profile.background or record.response_for != made_for(
+        record.spec.provider, record.spec.model
+    ):
+        return None
+    with httpx.Client() as http:
+        make_client(profile, http).cancel(record.response_id)
+    return record.response_id

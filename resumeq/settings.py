@@ -75,6 +75,14 @@ class ProviderProfile(BaseModel):
     #: the worker's concurrency); further streams wait on the client for a free one.
     max_connections: int | None = Field(default=None, gt=0)
     cache_prompt: bool = False
+    #: The Responses API only: create each response in the background (``background: true,
+    #: store: true``), so that after a cut the next attempt reads the rest of the same
+    #: response (``reattach``) instead of buying a continuation.
+    background: bool = False
+    #: How long an attempt polls a reattached response that is still ``queued`` before it
+    #: hands the job back to the gate (the next attempt polls it again; it is never made
+    #: twice).
+    background_queued_timeout_s: float = Field(default=600.0, gt=0)
     prices: Prices | None = None
 
     @field_validator("base_url")
@@ -112,6 +120,10 @@ class ProviderProfile(BaseModel):
             raise ValueError(
                 f'continue_mode "{self.continue_mode}" is not a Responses mode '
                 '(use "continue_final_message" or "instruction")'
+            )
+        if self.background and self.kind != "openai-responses":
+            raise ValueError(
+                f'background = true needs kind "openai-responses" (this profile is "{self.kind}")'
             )
         anthropic = self.kind == "anthropic"
         if self.tokenizer is not None and (self.tokenizer == "anthropic") != anthropic:

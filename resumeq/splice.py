@@ -373,6 +373,12 @@ class Splicer:
         )
 
     @property
+    def passing(self) -> bool:
+        """Whether the seam is settled: all text fed so far is released, and what follows
+        passes through as it comes."""
+        return self._phase == "pass"
+
+    @property
     def held(self) -> str:
         """Text received but not yet released."""
         return self._held

@@ -40,7 +40,14 @@ from resumeq.errors import (
     StoreError,
 )
 from resumeq.ledger import AttemptRecord
-from resumeq.models import Acquired, CreateResult, FlushResult, JobRecord, Lease
+from resumeq.models import (
+    Acquired,
+    CreateResult,
+    FlushResult,
+    JobRecord,
+    Lease,
+    ResponsePosition,
+)
 from resumeq.scripts import Scripts
 from resumeq.settings import StoreSettings
 from resumeq.spec import DEFAULT_LIMITS, JobSpec, Limits, parse_spec
@@ -718,6 +725,7 @@ class Store:
         extend_lease: bool = True,
         hidden_bytes: int = 0,
         request: str | None = None,
+        response: ResponsePosition | None = None,
     ) -> FlushResult:
         """Checkpoint ``delta`` (``tokens`` output tokens) onto the prefix.
 
@@ -732,6 +740,9 @@ class Store:
 
         ``hidden_bytes`` is output that is not text (reasoning) in the same span: counted,
         for a janitor's estimate of an attempt that died.
+
+        ``response``: the background response the delta came from and the last event of it
+        the stored text then includes, written with the text so that they never disagree.
 
         Sent once: a caller that got no answer sends it again with the same ``request``
         id, and a flush that had been applied answers as it did.
@@ -755,6 +766,7 @@ class Store:
             lease.ttl_ms if extend_lease else 0,
             request or request_id(),
             _non_negative(hidden_bytes, "hidden_bytes"),
+            *(response.args() if response is not None else ("", "", "")),
         ]
         status, *rest = self._run("flush", job_keys, args, job_id)
         if status != "ok":
@@ -762,6 +774,22 @@ class Store:
         return FlushResult(
             revision=int(rest[0]), spent_output_tokens=int(rest[1]), prefix_bytes=int(rest[2])
         )
+
+    def note_response(self, lease: Lease, response: ResponsePosition) -> None:
+        """Record the background response the lease's attempt made, as soon as it is named
+        (before any of its output): a cut after it reattaches instead of buying it again."""
+        self._response(lease, "note", response.args())
+
+    def forget_response(self, lease: Lease) -> None:
+        """Forget the job's background response: the next attempts do not read it."""
+        self._response(lease, "forget", ("", "", ""))
+
+    def _response(self, lease: Lease, mode: str, args: Sequence[str]) -> None:
+        job_id = lease.job_id
+        job_keys = [keys.job(job_id), keys.lease(job_id)]
+        status, *rest = self._run("response", job_keys, [lease.token, mode, *args], job_id)
+        if status != "ok":
+            self._refused(status, rest, job_id, f"response {mode}")
 
     def finish(
         self,

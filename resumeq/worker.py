@@ -23,8 +23,8 @@ from rq import get_current_job
 
 from resumeq import metrics
 from resumeq.checkpoint import Checkpointer
-from resumeq.context import WorkerContext, context
-from resumeq.continuation import RequestPlan, plan_request
+from resumeq.context import Handoff, WorkerContext, context
+from resumeq.continuation import AttemptKind, RequestPlan, plan_reattach, plan_request
 from resumeq.counting import Count, Tally, settle
 from resumeq.errors import (
     ConfigError,
@@ -37,6 +37,9 @@ from resumeq.errors import (
     LeaseLost,
     ProviderError,
     ProviderUnavailable,
+    ReattachRefused,
+    RedisUnavailable,
+    ResponseQueued,
     ResumeqError,
     RetryableProviderError,
     Stalled,
@@ -47,10 +50,11 @@ from resumeq.exits import apply_decision
 from resumeq.gate import Cut, Decision, JobView, decide, pacing
 from resumeq.ledger import AttemptRecord
 from resumeq.metrics import FLUSH_LATENCY, RESUME_LATENCY, Histogram
-from resumeq.models import JobRecord, JobState, Lease
+from resumeq.models import JobRecord, JobState, Lease, ResponsePosition, made_for
 from resumeq.providers import (
     ProviderClient,
     ProviderStream,
+    Started,
     StreamEvent,
     TextDelta,
     Usage,
@@ -64,6 +68,9 @@ log = logging.getLogger(__name__)
 
 #: How long the final flush keeps trying while Redis is unreachable, between tries.
 _RETRY_PAUSE_S = 0.25
+#: A queued background response is asked again after this, doubling up to the maximum.
+QUEUED_POLL_S = 0.25
+QUEUED_POLL_MAX_S = 5.0
 
 
 def _now_ms() -> int:
@@ -124,6 +131,12 @@ class _Call:
     client: ProviderClient
     splicer: Splicer
     ckpt: Checkpointer
+    #: The stored prefix when the attempt started.
+    prefix: str = ""
+    #: The background response this attempt reads (made, or reattached), if any.
+    response_id: str | None = None
+    #: Why the response the attempt meant to read on could not be (it continued instead).
+    reattach_refused: str = ""
 
 
 def run_attempt(job_id: str) -> str:
@@ -202,10 +215,8 @@ class AttemptRunner:
             )
         profile = self.ctx.settings.profile(record.spec.provider)
         prefix = self.store.text(record.id)
-        plan = plan_request(
-            record.spec, profile, prefix=prefix, remaining_tokens=record.remaining_tokens
-        )
         client = make_client(profile, self.ctx.http.get(record.spec.provider, profile))
+        plan = self._plan(lease, record, profile, client, prefix)
         ckpt = Checkpointer(
             self.store,
             lease,
@@ -214,14 +225,9 @@ class AttemptRunner:
             flush_ms=self.worker.flush_ms,
             flush_min_ms=self.worker.flush_min_ms,
         )
-        splicer = Splicer(
-            prefix,
-            sent=plan.sent if plan.kind == "resume" else None,
-            trimmed=plan.trimmed,
-            mode=profile.continue_mode,
-            echo=profile.echo_policy,
-        )
-        call = _Call(record, profile, plan, client, splicer, ckpt)
+        call = _Call(record, profile, plan, client, _splicer(plan, profile, prefix), ckpt, prefix)
+        if plan.kind == "reattach":
+            call.response_id = plan.response_id
         result, count = self._stream_and_count(call)
         handoff = self.ctx.handoff.is_set() and result.cut.kind in ("stream_cut", "stall")
         if handoff:
@@ -234,8 +240,10 @@ class AttemptRunner:
                 else LeaseLost(str(result.lost), job_id=record.id)
             )
             self._record_stopped(call, result, started, lost)
+            if isinstance(lost, JobCancelled):
+                self._cancel_response(call, "the job was cancelled")
             raise lost
-        for note in splicer.report.notes:
+        for note in call.splicer.report.notes:
             log.info("job %s attempt %d: %s", record.id, record.attempt, note)
 
         # A handoff is no failure of the provider's: it neither starts nor lengthens a run
@@ -268,11 +276,12 @@ class AttemptRunner:
             started,
             outcome="handoff" if handed_on else decision.action,
             cut=result.cut,
-            plan=plan,
+            call=call,
+            plan=call.plan,
             usage=result.usage,
             ckpt=ckpt,
             count=count,
-            seam=splicer.report,
+            seam=call.splicer.report,
             first_byte_ms=result.first_byte_ms,
             decision=decision,
         )
@@ -299,16 +308,129 @@ class AttemptRunner:
             )
         except (WriteRefused, JobNotFound) as exc:
             self._record_stopped(call, result, started, exc, count=count)
+            if isinstance(exc, JobCancelled):
+                self._cancel_response(call, "the job was cancelled")
             raise
+        if result.cut.kind != "finished" and decision.action not in ("retry", "resume"):
+            self._cancel_response(call, f"the job's exit is {decision.action}")
         self._record_metrics(call, result)
         return state
+
+    # -- background responses --------------------------------------------------------------
+
+    def _plan(
+        self,
+        lease: Lease,
+        record: JobRecord,
+        profile: ProviderProfile,
+        client: ProviderClient,
+        prefix: str,
+    ) -> RequestPlan:
+        """Read on the background response an earlier attempt made, where it can be;
+        otherwise (forgetting it, and stopping it if it may still be generating for nobody)
+        a fresh request or a continuation."""
+        spec = record.spec
+        response_id = record.response_id
+        if response_id is not None:
+            if profile.background and record.reattachable:
+                return plan_reattach(
+                    spec,
+                    response_id=response_id,
+                    after=record.response_seq or 0,
+                    remaining_tokens=record.remaining_tokens,
+                )
+            same = record.response_for == made_for(spec.provider, spec.model)
+            why = "its output since the last checkpoint cannot be placed"
+            if not same or not profile.background:
+                why = f"it was made for {record.response_for}"
+            log.info("job %s: not reading on response %s: %s", record.id, response_id, why)
+            self._forget_response(lease, record.id)
+            if profile.background and same:  # it may still be generating, for nobody
+                self._cancel(client, record.id, response_id, why)
+        return plan_request(spec, profile, prefix=prefix, remaining_tokens=record.remaining_tokens)
+
+    def _forget_response(self, lease: Lease, job_id: str) -> None:
+        """Forget the job's background response (best effort while Redis is unreachable:
+        the next one this attempt makes replaces it)."""
+        try:
+            self.store.forget_response(lease)
+        except RedisUnavailable as exc:
+            log.warning("job %s: the response was not forgotten: %s", job_id, exc)
+
+    def _refused_reattach(self, call: _Call, exc: ReattachRefused) -> None:
+        """The provider cannot give the rest of the response: go on from the stored prefix
+        with the profile's continuation, in this same attempt."""
+        log.info("job %s: reattach refused, continuing instead: %s", call.record.id, exc)
+        self._forget_response(call.ckpt.lease, call.record.id)
+        call.reattach_refused = str(exc)[:500]
+        call.response_id = None
+        record = call.record
+        call.plan = plan_request(
+            record.spec, call.profile, prefix=call.prefix, remaining_tokens=record.remaining_tokens
+        )
+        call.splicer = _splicer(call.plan, call.profile, call.prefix)
+
+    def _started(self, call: _Call, stream: ProviderStream) -> None:
+        """The provider named the response it makes: recorded at once, before any of its
+        output, so that a worker that dies now leaves a response to read on."""
+        self._position(call, stream)
+        position = call.ckpt.response
+        if position is None:
+            return
+        call.response_id = position.response_id
+        try:
+            self.store.note_response(call.ckpt.lease, position)
+        except RedisUnavailable as exc:  # the first flush carries it
+            log.warning("job %s: the response was not noted: %s", call.record.id, exc)
+
+    @staticmethod
+    def _position(call: _Call, stream: ProviderStream) -> None:
+        """Where the checkpoint stands in the background response, before a delta is added:
+        the event just read, once the seam is settled (until then the stored text matches
+        no event of it)."""
+        if not call.profile.background or stream.response_id is None:
+            return
+        spec = call.record.spec
+        call.ckpt.response = ResponsePosition(
+            response_id=stream.response_id,
+            sequence=stream.sequence if call.splicer.passing else None,
+            made_for=made_for(spec.provider, spec.model),
+        )
+
+    def _cancel_response(self, call: _Call, why: str) -> None:
+        if call.response_id is not None and call.profile.background:
+            self._cancel(call.client, call.record.id, call.response_id, why)
+
+    @staticmethod
+    def _cancel(client: ProviderClient, job_id: str, response_id: str, why: str) -> None:
+        """Stop a background response nobody will read (best effort)."""
+        try:
+            client.cancel(response_id)
+        except ProviderError as exc:
+            log.warning("job %s: response %s not cancelled: %s", job_id, response_id, exc)
+        else:
+            log.info("job %s: cancelled response %s: %s", job_id, response_id, why)
+
+    @staticmethod
+    def _reattached_usage(record: JobRecord, usage: Usage) -> Usage:
+        """A reattached response's usage is the whole response's: this attempt's output is
+        what the earlier attempts that read it did not already count. Its input was billed
+        once, and counted by nobody before (a stream cut before its end has no usage)."""
+        if usage.output_tokens is None:
+            return usage
+        already = record.spent_output_tokens - (record.response_spent_base or 0)
+        return replace(
+            usage,
+            output_tokens=max(0, usage.output_tokens - already),
+            reasoning_tokens=usage.reasoning_tokens if already == 0 else None,
+        )
 
     def _record_metrics(self, call: _Call, result: StreamResult) -> None:
         """This attempt's flush round trips, and for a continuation the time from its cut
         to its first token, into the cluster-wide histograms (best effort)."""
         resume = Histogram()
         cut_ms = call.record.cut_ms
-        if call.record.attempt_kind == "resume" and cut_ms and result.first_text_ms:
+        if call.plan.kind in ("resume", "reattach") and cut_ms and result.first_text_ms:
             resume.observe(max(0, result.first_text_ms - cut_ms) / 1000.0)
         try:
             metrics.record(
@@ -337,6 +459,7 @@ class AttemptRunner:
             started,
             outcome=outcome,
             cut=Cut(kind="stream_cut", detail=f"stopped: {why}"),
+            call=call,
             plan=call.plan,
             usage=result.usage,
             ckpt=call.ckpt,
@@ -370,7 +493,7 @@ class AttemptRunner:
         heartbeat, which runs until this attempt's last write before its exit."""
         lost = threading.Event()
         opened: list[ProviderStream] = []
-        ckpt, splicer = call.ckpt, call.splicer
+        ckpt = call.ckpt
 
         def on_lost(exc: BaseException) -> None:
             lost.set()
@@ -390,7 +513,11 @@ class AttemptRunner:
         try:
             self._stream(call, result, lost=lost, opened=opened)
             if not lost.is_set():
-                ckpt.add(splicer.finish(), splicer.take_tokens(), exact=ckpt.exact)
+                splicer = call.splicer  # a refused reattach's continuation has its own
+                released = splicer.finish()
+                if opened:  # all that was read is released: the text ends at its last event
+                    self._position(call, opened[-1])
+                ckpt.add(released, splicer.take_tokens(), exact=ckpt.exact)
                 self._until_written(ckpt.flush)  # the text is durable before any counting
                 count = self._count(call, result)
                 self._until_written(lambda: ckpt.settle(count.tokens, exact=count.exact))
@@ -415,7 +542,7 @@ class AttemptRunner:
     ) -> None:
         """Fill ``result`` with what the stream delivers and how it ended."""
         handoff = self.ctx.handoff
-        stream = self._open(call, result)
+        stream = self._open(call, result, lost)
         if stream is None:
             return
         opened.append(stream)
@@ -426,7 +553,7 @@ class AttemptRunner:
                 for event in stream:
                     if lost.is_set():
                         return  # nothing more may be written
-                    self._take(event, result, call.splicer, call.ckpt)
+                    self._take(event, result, call, stream)
                     # A handoff keeps what had reached this machine when it began (it was
                     # paid for): the stream is read on up to those bytes, then cut.
                     if handoff.is_set() and not stream.drain():
@@ -442,31 +569,54 @@ class AttemptRunner:
         if stream.closed and stream.finish_reason is None:
             return  # closed by this worker (a lost lease, a handoff): a cut, not an end
         result.usage = stream.usage
+        if call.plan.kind == "reattach":
+            result.usage = self._reattached_usage(call.record, stream.usage)
         result.cut = Cut(kind="finished", finish_reason=stream.finish_reason)
 
-    def _open(self, call: _Call, result: StreamResult) -> ProviderStream | None:
+    def _open(
+        self, call: _Call, result: StreamResult, lost: threading.Event
+    ) -> ProviderStream | None:
         """The provider's stream; None, with how the attempt ended in ``result``, when it
-        was refused — or not asked at all: the worker is shutting down, nothing is bought."""
-        if not self.ctx.handoff.is_set():
+        was refused — or not asked at all: the worker is shutting down, nothing is bought.
+        A background response that cannot be read on is continued instead; one still
+        ``queued`` is asked again, less and less often, for up to the profile's
+        ``background_queued_timeout_s``."""
+        handoff = self.ctx.handoff
+        polls = 0
+        queued_since = time.monotonic()
+        while not handoff.is_set() and not lost.is_set():
             try:
                 stream = call.client.open(call.plan)
                 result.first_byte_ms = _now_ms()
                 return stream
+            except ReattachRefused as exc:
+                self._refused_reattach(call, exc)
+            except ResponseQueued as exc:
+                waited = time.monotonic() - queued_since
+                if waited >= call.profile.background_queued_timeout_s:
+                    result.cut = Cut(kind="retryable", detail=f"{exc} after {waited:.0f} s")
+                    break
+                polls += 1
+                _pause(min(QUEUED_POLL_MAX_S, QUEUED_POLL_S * 2 ** min(polls, 8)), lost, handoff)
             except RetryableProviderError as exc:
                 result.cut = Cut(kind="retryable", retry_after_s=exc.retry_after, detail=str(exc))
                 result.first_byte_ms = _now_ms() if exc.status is not None else None
+                break
             except FatalProviderError as exc:
                 result.cut = Cut(kind="fatal", detail=str(exc))
                 result.first_byte_ms = _now_ms() if exc.status is not None else None
+                break
         result.tally.opened = False  # refused before a stream: nothing was bought
         return None
 
-    @staticmethod
     def _take(
-        event: StreamEvent, result: StreamResult, splicer: Splicer, ckpt: Checkpointer
+        self, event: StreamEvent, result: StreamResult, call: _Call, stream: ProviderStream
     ) -> None:
         """One stream event into the splice, the checkpoint and the tally."""
-        tally = result.tally
+        tally, splicer, ckpt = result.tally, call.splicer, call.ckpt
+        if isinstance(event, Started):
+            self._started(call, stream)
+            return
         if isinstance(event, Usage):
             result.usage = event
             tally.reported = tally.reported or event.output_tokens is not None
@@ -477,9 +627,9 @@ class AttemptRunner:
             if result.first_text_ms is None and event.text:
                 result.first_text_ms = _now_ms()
             result.received.append(event.text)
-            ckpt.add(
-                splicer.feed(event.text, event.tokens), splicer.take_tokens(), exact=event.exact
-            )
+            released = splicer.feed(event.text, event.tokens)
+            self._position(call, stream)
+            ckpt.add(released, splicer.take_tokens(), exact=event.exact)
             return
         size = len(event.text.encode("utf-8"))
         if event.kind == "reasoning":
@@ -491,6 +641,7 @@ class AttemptRunner:
             tally.other_chunks += bool(event.text)
             tally.other_bytes += size
             tally.other_tokens += event.tokens
+        self._position(call, stream)
         ckpt.add("", event.tokens, exact=event.exact, hidden_bytes=size)
 
     # -- counting and the last flush -----------------------------------------------------
@@ -565,6 +716,7 @@ class AttemptRunner:
         record: JobRecord,
         started: int,
         *,
+        call: _Call | None = None,
         outcome: str,
         cut: Cut | None,
         plan: RequestPlan | None = None,
@@ -576,9 +728,12 @@ class AttemptRunner:
         decision: Decision | None = None,
     ) -> AttemptRecord:
         usage = usage or Usage()
+        refused = call.reattach_refused if call is not None else ""
+        extra = {"reattach_refused": refused} if refused else {}
         return AttemptRecord(
+            **extra,
             attempt=record.attempt,
-            kind=record.attempt_kind,
+            kind=_kind(record, plan),
             worker=self.ctx.name,
             due_ms=record.due_ms,
             dequeued_ms=self.dequeued_ms,
@@ -591,7 +746,8 @@ class AttemptRunner:
             reason=decision.reason[:500] if decision else "",
             delay_ms=decision.delay_ms if decision else 0,
             provider=record.spec.provider,
-            max_tokens=plan.max_tokens if plan else None,
+            # A reattach asks for nothing new: the response's own limit stands.
+            max_tokens=plan.max_tokens if plan and plan.kind != "reattach" else None,
             prefix_tokens=record.spent_output_tokens,
             prefix_chars_sent=plan.prefix_chars_sent if plan else 0,
             input_tokens=usage.input_tokens,
@@ -608,6 +764,37 @@ class AttemptRunner:
             echo_chars=seam.echo_dropped if seam else 0,
             overlap_chars=seam.overlap_dropped if seam else 0,
         )
+
+
+def _kind(record: JobRecord, plan: RequestPlan | None) -> AttemptKind:
+    """What the attempt was, as it ran: a reattach refused by the provider continued."""
+    if plan is None:
+        return record.attempt_kind
+    if plan.kind in ("resume", "reattach"):
+        return plan.kind
+    return "fresh" if record.attempt <= 1 else "retry"
+
+
+def _splicer(plan: RequestPlan, profile: ProviderProfile, prefix: str) -> Splicer:
+    """How the attempt's text joins the stored prefix: a continuation's seam, or (a fresh
+    request, a response read on) straight through."""
+    return Splicer(
+        prefix if plan.kind != "reattach" else "",
+        sent=plan.sent if plan.kind == "resume" else None,
+        trimmed=plan.trimmed,
+        mode=profile.continue_mode,
+        echo=profile.echo_policy,
+    )
+
+
+def _pause(seconds: float, lost: threading.Event, handoff: Handoff) -> None:
+    """Wait ``seconds``, or less once the lease is lost or the worker shuts down."""
+    deadline = time.monotonic() + seconds
+    while not lost.is_set() and not handoff.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        lost.wait(min(left, 0.1))
 
 
 def _view(record: JobRecord) -> JobView:

@@ -12,6 +12,7 @@ import redis
 from hypothesis import settings
 
 from resumeq.fake import FakeProvider
+from resumeq.fake.background import WINDOW_S
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 
@@ -72,4 +73,6 @@ def fake(fake_server: FakeProvider) -> FakeProvider:
     fake_server.completion_tokens = None
     fake_server.token_delay_ms = 0
     fake_server.configure_engine("vllm")  # the engine's quirks outlive a reset
+    fake_server.state.background.window_s = WINDOW_S  # so do the background settings
+    fake_server.state.background.queued_s = 0.0
     return fake_server

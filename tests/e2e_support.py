@@ -82,6 +82,14 @@ def make_world(
                     "base_url": fake.anthropic_base_url,
                     "continue_mode": "prefill",
                 },
+                # The Responses API, its responses made in the background (read on after
+                # a cut, before anything is bought again).
+                "fake-responses": {
+                    **profile,
+                    "kind": "openai-responses",
+                    "continue_mode": "continue_final_message",
+                    "background": True,
+                },
                 # llama.cpp's server: a prefill, echoed; usage only at the end; its /tokenize.
                 "llamacpp": {
                     **profile,

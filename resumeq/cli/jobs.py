@@ -12,7 +12,7 @@ import click
 from resumeq import ops
 from resumeq.cli._base import EXIT_ERROR, Context, _emit, cli, reports_errors
 from resumeq.client import Client
-from resumeq.errors import InvalidTransition
+from resumeq.errors import InvalidTransition, ProviderError
 from resumeq.models import JobState
 from resumeq.producer import enqueue_job
 from resumeq.store import DEFAULT_QUEUE
@@ -231,9 +231,18 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
         if not JobState(exc.state).terminal:
             raise
         already_ended = True
+    stopped, stop_error = None, None
+    if not already_ended:
+        try:
+            stopped = ops.stop_background_response(obj.settings, obj.store.get(job_id))
+        except ProviderError as exc:  # the job is cancelled all the same
+            stop_error = f"its background response was not cancelled at the provider: {exc}"
     info = ops.status_dict(obj.store, job_id)
     if as_json:
-        _emit({**info, "already_ended": already_ended})
+        extra = {"response_cancelled": stopped} if stopped else {}
+        if stop_error:
+            extra["response_cancel_error"] = stop_error
+        _emit({**info, "already_ended": already_ended, **extra})
     elif already_ended:
         click.echo(
             f"{job_id} had already ended ({info['state']}, revision {info['revision']}): "
@@ -241,6 +250,10 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
         )
     else:
         click.echo(f"cancelled {job_id} (revision {revision})")
+        if stopped:
+            click.echo(f"stopped its background response {stopped} at the provider")
+        if stop_error:
+            click.echo(f"warning: {stop_error}", err=True)
 
 
 @cli.command()

@@ -94,7 +94,16 @@ class Usage:
     reasoning_tokens: int | None = None
 
 
-StreamEvent = TextDelta | OutputDelta | Usage
+@dataclass(frozen=True)
+class Started:
+    """The provider named the response it is making (the Responses API's
+    ``response.created``): a background response can be read on from here if cut."""
+
+    response_id: str
+    status: str | None
+
+
+StreamEvent = TextDelta | OutputDelta | Usage | Started
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
@@ -184,6 +193,10 @@ class ProviderStream(ABC):
         #: The latest usage the provider reported.
         self.usage = Usage()
         self.closed = False
+        #: A response a provider keeps (a Responses API background response): its id and
+        #: the number of the last event read, where a reader may go on from.
+        self.response_id: str | None = None
+        self.sequence: int | None = None
         self._deadline = time.monotonic() + stall_timeout_s
         #: Per channel, the first half of a surrogate pair whose second half is to come.
         self._high: dict[str, str] = {}
@@ -432,6 +445,11 @@ class ProviderClient(ABC):
         if not isinstance(data, dict):
             raise UnreadableCount(f"{url} answered a JSON {type(data).__name__}")
         return data
+
+    def cancel(self, response_id: str) -> None:
+        """Stop a response the provider keeps generating for nobody (a background response
+        of the Responses API); a wire that keeps none has nothing to stop."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no responses to cancel")
 
     @abstractmethod
     def headers(self) -> dict[str, str]:

@@ -24,10 +24,18 @@ import httpx
 from httpx_sse import ServerSentEvent
 
 from resumeq.continuation import RequestPlan
-from resumeq.errors import FatalProviderError, InBandError, MalformedChunk
+from resumeq.errors import (
+    FatalProviderError,
+    InBandError,
+    MalformedChunk,
+    ProviderError,
+    ReattachRefused,
+    ResponseQueued,
+)
 from resumeq.providers.base import (
     OutputDelta,
     ProviderStream,
+    Started,
     StreamEvent,
     TextDelta,
     Usage,
@@ -69,15 +77,20 @@ def usage_of(raw: Any) -> Usage | None:
 
 class ResponsesStream(ProviderStream):
     def __init__(
-        self, response: httpx.Response, *, stall_timeout_s: float, after: int | None = None
+        self,
+        response: httpx.Response,
+        *,
+        stall_timeout_s: float,
+        after: int | None = None,
+        response_id: str | None = None,
     ) -> None:
         super().__init__(response, stall_timeout_s=stall_timeout_s)
-        #: The response's id, once ``response.created`` (or any event with it) said it.
-        self.response_id: str | None = None
+        #: The response's id (once ``response.created`` said it, or the one reattached);
+        #: the last sequence number read (``after``: a reattached stream's starting point).
+        self.response_id = response_id
+        self.sequence = after
         #: The response's status as last reported (``queued``, ``in_progress`` …).
         self.status: str | None = None
-        #: The last sequence number read (``after``: a reattached stream's starting point).
-        self.sequence: int | None = after
         self._after = after
         #: Whether this server numbers its events (llama.cpp's does not): the first says.
         self._numbered: bool | None = None
@@ -96,7 +109,9 @@ class ResponsesStream(ProviderStream):
             return  # replayed from the start: already read before
         response = event.get("response")
         if isinstance(response, dict):
-            self._note(response)
+            self._note(response, sse.data)
+        if kind == "response.created" and self.response_id is not None:
+            yield Started(self.response_id, self.status)
         yield from self._typed(kind, event, response, sse.data)
 
     def _typed(
@@ -150,9 +165,14 @@ class ResponsesStream(ProviderStream):
         self.sequence = number
         return True
 
-    def _note(self, response: dict[str, Any]) -> None:
-        if isinstance(response.get("id"), str):
-            self.response_id = response["id"]
+    def _note(self, response: dict[str, Any], raw: str) -> None:
+        named = response.get("id")
+        if isinstance(named, str):
+            if self._after is not None and self.response_id not in (None, named):
+                raise MalformedChunk(
+                    f"reading on response {self.response_id}, an event of {named}: {raw[:120]!r}"
+                )
+            self.response_id = named
         if isinstance(response.get("status"), str):
             self.status = response["status"]
 
@@ -193,11 +213,109 @@ def _in_band(what: str, error: Any, raw: str) -> InBandError:
     return InBandError(f"in-band error: {message}", error_type=kind, body=raw[:4096])
 
 
+#: A background response's statuses that it can be read on from.
+_READABLE = frozenset({"in_progress", "completed", "incomplete"})
+
+
 class ResponsesClient(OpenAIClient):
-    """OpenAI's authentication, another endpoint and body."""
+    """OpenAI's authentication, another endpoint and body; and for a ``background = true``
+    profile, background responses: made with ``background: true, store: true``, read on
+    after a cut (:meth:`reattach`), cancelled when nobody will read them."""
 
     endpoint = "/responses"
     stream_class = ResponsesStream
+
+    def open(self, plan: RequestPlan) -> ProviderStream:
+        if plan.kind == "reattach":
+            if plan.response_id is None or plan.after is None:
+                raise ValueError("a reattach plan needs its response id and sequence number")
+            return self.reattach(plan.response_id, after=plan.after, model=plan.model)
+        return super().open(plan)
+
+    def _url(self, response_id: str, tail: str = "") -> str:
+        if not response_id or "/" in response_id or "?" in response_id:
+            raise ReattachRefused(f"not a response id: {response_id!r}")
+        return f"{self.profile.base_url}{self.endpoint}/{response_id}{tail}"
+
+    def status(self, response_id: str) -> dict[str, Any]:
+        """The response as the provider keeps it (``GET /responses/{id}``, not streamed):
+        a 404 or 400 is a :class:`ReattachRefused`."""
+        request = self.http.build_request(
+            "GET", self._url(response_id), headers=self.headers(), timeout=self.timeout
+        )
+        try:
+            response = self.send(request, stream=False)
+        except ProviderError as exc:
+            if exc.status in (400, 404):
+                raise ReattachRefused(
+                    f"response {response_id}: {exc}", status=exc.status, body=exc.body
+                ) from None
+            raise
+        try:
+            data = response.json()
+        except ValueError:
+            raise ReattachRefused(f"response {response_id}: answered non-JSON") from None
+        if not isinstance(data, dict):
+            raise ReattachRefused(f"response {response_id}: answered a JSON {type(data).__name__}")
+        return data
+
+    def reattach(self, response_id: str, *, after: int, model: str) -> ResponsesStream:
+        """The rest of background response ``response_id``: the events after number
+        ``after``, billed once with the response. First its status: ``queued`` is a
+        :class:`ResponseQueued` (poll again later); failed, cancelled, not a background
+        response, made for another model, too old to stream (OpenAI's 400) or gone (404)
+        is a :class:`ReattachRefused`."""
+        data = self.status(response_id)
+        status = data.get("status")
+        if status == "queued":
+            raise ResponseQueued(f"response {response_id} is still queued")
+        if data.get("id") != response_id:
+            raise ReattachRefused(f"asked for response {response_id}, got {data.get('id')!r}")
+        if data.get("background") is not True:
+            raise ReattachRefused(f"response {response_id} is not a background response")
+        made = data.get("model")
+        # OpenAI answers with the dated snapshot of the model asked for.
+        if not (made == model or (isinstance(made, str) and made.startswith(f"{model}-"))):
+            raise ReattachRefused(f"response {response_id} was made by {made!r}, not {model!r}")
+        if status not in _READABLE:
+            raise ReattachRefused(f"response {response_id} is {status}")
+        request = self.http.build_request(
+            "GET",
+            self._url(response_id),
+            params={"stream": "true", "starting_after": str(after)},
+            headers={
+                **self.headers(),
+                "Accept": "text/event-stream",
+                "Accept-Encoding": "identity",
+            },
+            timeout=self.timeout,
+        )
+        try:
+            response = self.send(request)
+        except ProviderError as exc:
+            if exc.status in (400, 404):
+                raise ReattachRefused(
+                    f"response {response_id}: {exc}", status=exc.status, body=exc.body
+                ) from None
+            raise
+        return ResponsesStream(
+            response,
+            stall_timeout_s=self.profile.stall_timeout_s,
+            after=after,
+            response_id=response_id,
+        )
+
+    def cancel(self, response_id: str) -> None:
+        """Stop a background response (``POST /responses/{id}/cancel``): nobody will read
+        the rest, so nobody should pay for it. A response that ended or is gone is left."""
+        request = self.http.build_request(
+            "POST", self._url(response_id, "/cancel"), headers=self.headers(), timeout=self.timeout
+        )
+        try:
+            self.send(request, stream=False).close()
+        except ProviderError as exc:
+            if exc.status not in (400, 404, 409):
+                raise
 
     def body(self, plan: RequestPlan) -> dict[str, Any]:
         extra = dict(plan.extra_body)
@@ -221,9 +339,12 @@ class ResponsesClient(OpenAIClient):
             "model": plan.model,
             "input": items,
             "stream": True,
-            "store": False,
+            # A background response is kept by the provider until it is read on.
+            "store": self.profile.background,
             "max_output_tokens": plan.max_tokens,
         }
+        if self.profile.background:
+            body["background"] = True
         params = plan.params
         if params.stop or params.seed is not None:
             raise FatalProviderError(

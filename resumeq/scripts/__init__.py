@@ -21,6 +21,7 @@ NAMES = (
     "acquire",
     "renew",
     "flush",
+    "response",
     "finish",
     "release",
     "reap",

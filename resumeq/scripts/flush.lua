@@ -10,6 +10,9 @@
 -- ARGV[5] '1' if this attempt's total is exact after the flush, '0' if it is an estimate
 -- ARGV[6] lease TTL (ms), 0 to leave the lease alone   ARGV[7] request id
 -- ARGV[8] bytes of output that is not text (reasoning) in this span, for estimates
+-- ARGV[9] the background response this text comes from ('' : none)
+-- ARGV[10] the last event number of it whose output the text includes ('' : the text
+--   matches no event)   ARGV[11] the provider and model it was made for
 -- Answers: {'ok', revision, spent, prefix bytes} | {'not_found'} | {'cancelled'}
 --   | {'lease_lost', state} | {'wrong_state', state} | {'stale_revision', current}
 --   | {'bad_argument', what} | {'corrupt', field}
@@ -44,6 +47,7 @@ if ARGV[5] == '1' then
 else
   redis.call('HSET', job, 'counts_exact', '0')
 end
+note_response(job, ARGV[9] or '', ARGV[10] or '', ARGV[11] or '')
 stamp(job, ARGV[7])
 local rev = bump(job, now)
 event(events, rev, 'delta', delta, 'spent', fmt(spent), 'exact', ARGV[5])

@@ -90,7 +90,8 @@ def journal_totals(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
     """What the fake provider billed, over generation requests only."""
     totals = {"requests": 0, "output": 0, "input": 0, "cached_input": 0, "cut": 0}
     for e in entries:
-        if e["path"] not in ("/v1/chat/completions", "/v1/messages"):
+        # Generation requests (a background response's reads are billed nothing).
+        if e["path"] not in ("/v1/chat/completions", "/v1/messages", "/v1/responses"):
             continue
         totals["requests"] += 1
         totals["output"] += int(e["output_tokens_billed"])

@@ -14,8 +14,15 @@ resumeq also runs with ``resume_context = "tail:N"``. Sides alternate order betw
 (seed + repeat); medians over repeats. Prints one JSON object, with ``wall_ratio``
 (resumeq's wall time ÷ the replay's, short prompt) among its keys.
 
+``--provider-kind responses-background``: resumeq on the Responses wire with background
+responses (a cut is read on from the provider: ``reattach``), beside resumeq on the same
+wire without them (a cut is continued: the prompt and the prefix are sent again) and the
+naive replay; keys ``resumeq_output_ratio`` and ``resumeq_input_ratio`` (input billed ÷
+one uncut request's input), and the continuation side's beside them.
+
     python benchmarks/cost.py [--jobs N] [--tokens N] [--budget N] [--probability P]
         [--workers N] [--repeats N] [--seed S] [--system-tokens N] [--tail N]
+        [--provider-kind openai|responses-background]
 """
 
 from __future__ import annotations
@@ -182,6 +189,14 @@ class Bench:
         return out
 
 
+#: The provider profile each resumeq side runs on (``resumeq``: per ``--provider-kind``).
+SIDE_PROFILES = {
+    "resumeq_tail": "fake-tail",
+    "resumeq_continuation": "fake-responses",
+}
+MAIN_PROFILE = {"openai": "fake", "responses-background": "fake-background"}
+
+
 def scenario(
     bench: Bench, specs: list[dict[str, Any]], sides: list[str], repeats: int, seed: int
 ) -> dict[str, Any]:
@@ -193,7 +208,7 @@ def scenario(
             if side == "baseline":
                 run[side] = bench.run_baseline(specs, seed + r)
             else:
-                profile = "fake-tail" if side.endswith("tail") else "fake"
+                profile = SIDE_PROFILES.get(side, MAIN_PROFILE[bench.args.provider_kind])
                 run[side] = bench.run_resumeq(specs, seed + r, profile)
         runs.append(run)
     # The input of the same jobs with no cut at all (one request each), for the input side.
@@ -223,6 +238,49 @@ def scenario(
     return summary
 
 
+def _background_report(args: argparse.Namespace, bench: Bench) -> int:
+    """Background responses beside continuations on the same wire, and the naive replay."""
+    sides = ["resumeq", "resumeq_continuation", "baseline"]
+    short = scenario(bench, job_specs(args, long_prompt=False), sides, args.repeats, args.seed)
+    long = scenario(bench, job_specs(args, long_prompt=True), sides, args.repeats, args.seed)
+    ours = short["resumeq"]
+    result = {
+        "provider_kind": "responses-background",
+        "jobs": args.jobs,
+        "output_tokens_per_job": args.tokens,
+        "cut_probability": args.probability,
+        "seed": args.seed,
+        "repeats": args.repeats,
+        "workers_per_side": args.workers,
+        "resumeq_output_ratio": ours["output_ratio"],
+        "resumeq_input_ratio": ours["input_ratio"],
+        "resumeq_input_ratio_long_prompt": long["resumeq"]["input_ratio"],
+        "continuation_output_ratio": short["resumeq_continuation"]["output_ratio"],
+        "continuation_input_ratio": short["resumeq_continuation"]["input_ratio"],
+        "continuation_input_ratio_long_prompt": long["resumeq_continuation"]["input_ratio"],
+        "baseline_output_ratio": short["baseline"]["output_ratio"],
+        "baseline_input_ratio": short["baseline"]["input_ratio"],
+        "resumeq_requests": ours["requests"],
+        "resumeq_text_exact": ours["text_exact"],
+        "resumeq_vs_continuation_money": median(
+            run["resumeq"]["money_usd"] / run["resumeq_continuation"]["money_usd"]
+            for run in short["runs"]
+        ),
+        "wall_ratio_vs_continuation": median(
+            run["resumeq"]["wall_s"] / run["resumeq_continuation"]["wall_s"]
+            for run in short["runs"]
+        ),
+        "wall_ratio_vs_baseline": short["resumeq_vs_baseline_wall"],
+        "target_resumeq_output_ratio_max": 1.02,
+        "target_resumeq_input_ratio_max": 1.05,
+        "target_met": ours["output_ratio"] <= 1.02 and ours["input_ratio"] <= 1.05,
+        "short_prompt": {k: v for k, v in short.items() if k != "runs"},
+        "long_prompt": {k: v for k, v in long.items() if k != "runs"},
+    }
+    print(json.dumps(result, indent=2))
+    return 0 if result["target_met"] else 1
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=100)
@@ -236,6 +294,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--system-tokens", type=int, default=4000)
     parser.add_argument("--tail", type=int, default=256)
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per side and run")
+    parser.add_argument(
+        "--provider-kind",
+        choices=sorted(MAIN_PROFILE),
+        default="openai",
+        help="resumeq's side: the Chat Completions wire, or Responses with background responses",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.tokens < 1 or args.budget < args.tokens or args.repeats < 1:
         parser.error("need --jobs, --tokens, --repeats >= 1 and --budget >= --tokens")
@@ -250,12 +314,22 @@ def main(argv: list[str]) -> int:
             "continue_mode": "instruction",
             "counting": "usage",
         }
+        # The Responses wire has no usage in a cut stream: a continuation's cut attempt is
+        # counted by the engine's /tokenize (vLLM's), as a careful user configures it.
+        responses = {
+            **profile,
+            "kind": "openai-responses",
+            "continue_mode": "continue_final_message",
+            "counting": "usage+tokenizer",
+        }
         config = write_config(
             Path(tmp) / "resumeq.toml",
             {
                 "providers": {
                     "fake": profile,
                     "fake-tail": {**profile, "resume_context": f"tail:{args.tail}"},
+                    "fake-responses": responses,
+                    "fake-background": {**responses, "background": True},
                 },
                 "worker": {"flush_tokens": 32, "flush_ms": 250},
             },
@@ -277,6 +351,8 @@ def main(argv: list[str]) -> int:
                 interval_s=0.05,
                 what="workers to start",
             )
+            if args.provider_kind == "responses-background":
+                return _background_report(args, bench)
             short = scenario(
                 bench,
                 job_specs(args, long_prompt=False),

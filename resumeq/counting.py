@@ -30,7 +30,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-CountSource = Literal["usage", "tokenizer", "estimate"]
+#: ``chunks``: counted as the stream came, a lower bound left as it is because the
+#: provider's total comes later (a background response read on after its cut).
+CountSource = Literal["usage", "tokenizer", "estimate", "chunks"]
 
 #: Tokens a finished stream may bill beyond its output's bytes: the end-of-sequence token,
 #: a stop sequence's tokens that are not part of the text.

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ConfigDict
 
 from resumeq.settings import Prices
 
-#: Where an attempt's output count came from (``chunks``: records written before the
-#: estimate erred high).
+#: Where an attempt's output count came from (``chunks``: counted as the stream came, a
+#: lower bound — a background response's cut attempt, whose total its reattach reads; and
+#: records written before the estimate erred high).
 CountSource = Literal["usage", "tokenizer", "estimate", "chunks"]
 
 
@@ -89,9 +90,9 @@ class AttemptRecord(BaseModel):
             "cached_input_tokens": self.cached_input_tokens or 0,
             "cache_creation_input_tokens": self.cache_creation_input_tokens or 0,
             "reasoning_tokens": self.reasoning_tokens or 0,
-            # A naive replay buys every resumed prefix again.
+            # A naive replay buys every resumed (or read on) prefix again.
             "naive_output_tokens_billed": self.billed_output
-            + (self.prefix_tokens if self.kind == "resume" else 0),
+            + (self.prefix_tokens if self.kind in ("resume", "reattach") else 0),
             "lower_bound_attempts": int(self.billed_lower_bound),
         }
         if self.cut and self.cut != "finished":

@@ -92,7 +92,8 @@ def all_job_ids(store: Store, *, batch: int = 500) -> list[str]:
 def naive_output_tokens(ledger: list[dict[str, Any]]) -> int:
     """What a full replay would have billed for output: every resume buys its prefix again."""
     total = summary(ledger)["output_tokens_billed"]
-    return int(total + sum(a.get("prefix_tokens", 0) for a in ledger if a.get("kind") == "resume"))
+    resumed = ("resume", "reattach")
+    return int(total + sum(a.get("prefix_tokens", 0) for a in ledger if a.get("kind") in resumed))
 
 
 #: The running totals ``stats`` reports, as the scripts that write the ledger keep them.

@@ -669,6 +669,12 @@ class AttemptRunner:
                 bytes_per_token=profile.bytes_per_token,
             )
 
+        position = ckpt.response
+        if result.cut.kind != "finished" and position is not None and position.sequence is not None:
+            # The next attempt reads the rest of this response from the provider, and with
+            # it the response's billed total: counted as it came (a lower bound), never a
+            # guess that errs high — one the total would be charged on top of.
+            return Count(tally.tokens, False, "chunks", tally.reasoning_tokens or None)
         count = counted()
         reasoning = result.reasoning.text()
         ask = ask_tokenizer and profile.counts_with_tokenizer and bool(generated or reasoning)

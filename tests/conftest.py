@@ -75,4 +75,5 @@ def fake(fake_server: FakeProvider) -> FakeProvider:
     fake_server.configure_engine("vllm")  # the engine's quirks outlive a reset
     fake_server.state.background.window_s = WINDOW_S  # so do the background settings
     fake_server.state.background.queued_s = 0.0
+    fake_server.state.background.ignores_starting_after = False
     return fake_server

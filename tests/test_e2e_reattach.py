@@ -149,3 +149,24 @@ def test_a_worker_that_sees_its_job_cancelled_stops_the_provider(world: World) -
         what="the response to stop",
     )
     assert journal_of(world)["created"][0]["output_tokens_billed"] < 1_000
+
+
+def test_a_handoff_on_shutdown_is_read_on_by_the_next_worker(world: World) -> None:
+    world.fake.completion_tokens = 400
+    world.fake.token_delay_ms = 10
+    a = world.cluster.worker()
+    job_id = enqueue(world)
+    world.wait_spent(job_id, 60)
+    a.stop()  # SIGTERM: the worker hands its job back at once
+    world.cluster.worker()
+    record = world.wait_state(job_id, {"done", "failed", "spilled", "abandoned"})
+    assert record.state.value == "done", record
+    assert world.store.text(job_id) == canonical(world)
+    ledger = world.store.ledger(job_id)
+    assert [(a["kind"], a["outcome"]) for a in ledger] == [
+        ("fresh", "handoff"),
+        ("reattach", "done"),
+    ], ledger
+    seen = journal_of(world)
+    assert len(seen["created"]) == 1 and seen["created"][0]["output_tokens_billed"] == 400
+    assert record.spent_output_tokens == 400

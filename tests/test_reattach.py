@@ -101,6 +101,21 @@ def test_a_cut_reads_the_rest_of_the_same_response_billed_once(
     assert record.response_id is not None and record.response_seq is not None
 
 
+def test_a_server_that_ignores_starting_after_never_duplicates_text(
+    fake: FakeProvider, redis_server: RedisServer, real_store: Store
+) -> None:
+    """It streams the response again from its first event: what was stored is skipped."""
+    fake.add_faults([{"kind": "disconnect", "after_tokens": 150, "match": PROMPT}])
+    configure(fake, background_ignores_starting_after=True)
+    with attempt_runner(redis_server.url, providers(fake)) as runner:
+        job_id = create(real_store)
+        record = run_to_rest(runner, job_id)
+    assert record.state.value == "done" and real_store.text(job_id) == canonical(fake)
+    assert [a["kind"] for a in real_store.ledger(job_id)] == ["fresh", "reattach"]
+    needed = len(fake.canonical_tokens([{"role": "user", "content": PROMPT}]))
+    assert record.spent_output_tokens == needed
+
+
 def test_a_response_too_old_to_stream_falls_back_to_a_continuation(
     fake: FakeProvider, redis_server: RedisServer, real_store: Store
 ) -> None:

@@ -27,15 +27,26 @@ def configure(state: FakeState, body: Mapping[str, Any]) -> None:
         if isinstance(delay, bool) or not isinstance(delay, int | float) or delay < 0:
             raise InvalidRequest("token_delay_ms: expected a number of at least 0")
         state.token_delay_ms = float(delay)
+    _configure_background(state, body)
+    if "chaos" in body:
+        chaos = body["chaos"]
+        state.chaos = None if chaos is None else Chaos(ChaosConfig.model_validate(chaos))
+
+
+def _configure_background(state: FakeState, body: Mapping[str, Any]) -> None:
+    """The background responses' settings: their window, their time queued, and whether
+    a stream of one ignores ``starting_after``."""
     for key, name in (("background_window_s", "window_s"), ("background_queued_s", "queued_s")):
         if key in body:
             value = body[key]
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise InvalidRequest(f"{key}: expected a number of at least 0")
             setattr(state.background, name, float(value))
-    if "chaos" in body:
-        chaos = body["chaos"]
-        state.chaos = None if chaos is None else Chaos(ChaosConfig.model_validate(chaos))
+    if "background_ignores_starting_after" in body:
+        value = body["background_ignores_starting_after"]
+        if not isinstance(value, bool):
+            raise InvalidRequest("background_ignores_starting_after: expected true or false")
+        state.background.ignores_starting_after = value
 
 
 def canonical_of(state: FakeState, body: Any) -> dict[str, Any]:

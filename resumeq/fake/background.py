@@ -197,6 +197,9 @@ class BackgroundResponses:
         self._by_id: dict[str, BackgroundResponse] = {}
         self.window_s = WINDOW_S
         self.queued_s = 0.0
+        #: A server that streams a response again from its start whatever
+        #: ``starting_after`` says (a proxy that drops the parameter).
+        self.ignores_starting_after = False
 
     def add(self, response: BackgroundResponse) -> BackgroundResponse:
         horizon = time.time() - self.window_s - FORGET_AFTER_S

@@ -408,6 +408,8 @@ class FakeHandler(BaseHTTPRequestHandler):
             )
             return
         after = int(raw_after) if raw_after is not None else -1
+        if self.state.background.ignores_starting_after:
+            after = -1
         exchange.outcome = "replayed"
         self._follow(response, after, None, obfuscation=_flag(query, "include_obfuscation", True))
 

@@ -86,6 +86,7 @@ class Checkpointer:
         #: Where what was added so far ends in a background response, if it comes from
         #: one: set before each :meth:`add`, written with the text it goes with.
         self.response: ResponsePosition | None = None
+        self._written_response: ResponsePosition | None = None
 
     @property
     def pending_tokens(self) -> int:
@@ -117,9 +118,26 @@ class Checkpointer:
 
         A batch whose flush got no answer is sent again unchanged, with the same expected
         revision, before anything newer: either it was applied (the revision moved by one
-        and the lease is still ours) or it is applied now — never twice, never lost.
+        and the lease is still ours) or it is applied now — never twice, never lost. A
+        position in a background response not written yet (nothing came with it) is
+        written on its own.
         """
-        return self._write(None)
+        return self._write(None) and self.note()
+
+    def note(self) -> bool:
+        """Write :attr:`response` if it changed since the last write (a response named
+        before any of its output, which must be known before the first token is). Answers
+        False if Redis was unreachable."""
+        position = self.response
+        if position is None or position == self._written_response:
+            return True
+        try:
+            self.store.note_response(self.lease, position)
+        except RedisUnavailable as exc:
+            self._unreachable(exc)
+            return False
+        self._written_response = position
+        return True
 
     def settle(self, total: int, *, exact: bool) -> bool:
         """Write what is pending and make this attempt's tokens ``total``, labelled exact
@@ -186,6 +204,7 @@ class Checkpointer:
         self.flushed_bytes += sum(len(t.encode("utf-8")) for t in written)
         self.flushes += 1
         self.exact = self._written_exact = batch.exact
+        self._written_response = batch.response
         self._last_flush = self.lease_confirmed = self._clock()
 
     def _unreachable(self, exc: RedisUnavailable) -> None:

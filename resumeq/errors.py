@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class ResumeqError(Exception):
@@ -224,9 +225,14 @@ class FatalProviderError(ProviderError):
 class ReattachRefused(ProviderError):
     """A background response cannot be read on: too old to be streamed, gone, failed,
     cancelled, not a background response, or made for another model. The attempt goes on
-    with a continuation from the stored prefix instead."""
+    with a continuation from the stored prefix instead. ``billed_output``: the response's
+    output tokens as the provider reported them, where it did (all billed, some unread)."""
 
     kind = "reattach_refused"
+
+    def __init__(self, message: str, *, billed_output: int | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.billed_output = billed_output
 
 
 class ResponseQueued(ProviderError):

@@ -38,15 +38,17 @@ from typing import Any, Literal, TypeVar, TypeVarTuple
 
 from rq.registry import clean_registries
 
-from resumeq import due, failpoints, outbox
+from resumeq import due, failpoints, ops, outbox
 from resumeq.context import WorkerContext
 from resumeq.counting import estimate
 from resumeq.errors import (
     ConfigError,
     CorruptRecord,
     JobNotFound,
+    ProviderError,
     RedisUnavailable,
     ResumeqError,
+    RetryableProviderError,
     SpillExhausted,
     WriteRefused,
 )
@@ -86,6 +88,10 @@ REAP_BATCH = 500
 #: Batches one sweep reaps at most (several processes died at once): the rest wait for
 #: the next sweep.
 MAX_REAP_BATCHES = 8
+#: A background response the provider could not be reached to cancel is asked again for
+#: this long; at most this much of one sweep goes to cancelling them.
+STOP_GIVE_UP_MS = 600_000
+STOP_BUDGET_S = 2.0
 
 
 @dataclass
@@ -115,6 +121,7 @@ class Janitor:
             if len(job_ids) < REAP_BATCH or not resolved:
                 break  # all expired leases seen, or none of these could be reaped
         self._follow_up(report)
+        self._safe(report, self._stop_responses, report)
         self._safe(report, self._requeue_vanished, report)
         self._safe(report, self._enqueue_late_scheduled)
         grace_ms = int(self.store.settings.events_grace_s * 1000)
@@ -247,7 +254,41 @@ class Janitor:
         for d in dead:
             report.reaped.append(d.job_id)
             report.outcomes[d.job_id] = d.state
+        # An exit that reads nobody's response on: its provider-side generation is stopped.
+        stopping = [
+            found
+            for d in dead
+            if d.state not in ("queued", "done") and (found := ops.response_of(d.record))
+        ]
+        self._safe(report, self.store.stop_responses, stopping)
         return resolved
+
+    def _stop_responses(self, report: SweepReport) -> None:
+        """Cancel at the provider the background responses that may still be generating
+        for nobody: their job was cancelled (from any process: a producer's knows no
+        provider keys), ended or spilled by a janitor, or went on without them. A provider
+        that cannot be reached is asked again next sweep, for up to
+        :data:`STOP_GIVE_UP_MS`; at most :data:`STOP_BUDGET_S` of a sweep goes to this."""
+        started = time.monotonic()
+        done: list[str] = []
+        now_ms = int(time.time() * 1000)
+        for entry in self.store.responses_to_stop():
+            if time.monotonic() - started > STOP_BUDGET_S:
+                break
+            try:
+                if ops.stop_background_response(
+                    self.ctx.settings, entry.provider, entry.response_id
+                ):
+                    log.info("job %s: cancelled response %s", entry.job_id, entry.response_id)
+            except RetryableProviderError as exc:
+                if now_ms - entry.since_ms < STOP_GIVE_UP_MS:
+                    log.info("job %s: response not cancelled yet: %s", entry.job_id, exc)
+                    continue
+                log.warning("job %s: gave up cancelling its response: %s", entry.job_id, exc)
+            except ProviderError as exc:
+                log.warning("job %s: response not cancelled: %s", entry.job_id, exc)
+            done.append(entry.member)
+        self.store.responses_stopped(done)
 
     def _reap(self, report: SweepReport, job_ids: list[str]) -> tuple[list[_Dead], int]:
         """The jobs this janitor took over (a corrupt record is failed at once), and how
@@ -301,18 +342,25 @@ class Janitor:
         counted = record.spent_output_tokens - record.attempt_spent_base
         if record.counts_exact:
             return counted, counted
-        try:
-            profile = self.ctx.settings.profile(record.spec.provider)
-        except ConfigError:
-            profile = None
-        if profile is not None and profile.background and record.response_readable:
+        if self._read_on(record):
             # The next attempt reads the rest of the same response from the provider, and
             # with it the response's billed total: the count stays as counted (a guess that
             # errs high now would be charged on top of that total).
             return counted, counted
-        ratio = profile.bytes_per_token if profile is not None else MIN_BYTES_PER_TOKEN
+        try:
+            ratio = self.ctx.settings.profile(record.spec.provider).bytes_per_token
+        except ConfigError:
+            ratio = MIN_BYTES_PER_TOKEN
         output = text_bytes - record.attempt_text_base + record.attempt_hidden_bytes
         return counted, estimate(0, output, counted=counted, bytes_per_token=ratio)
+
+    def _read_on(self, record: JobRecord) -> bool:
+        """Whether the job's next attempt reads on from its background response."""
+        try:
+            background = self.ctx.settings.profile(record.spec.provider).background
+        except ConfigError:
+            return False
+        return background and record.response_readable
 
     def _min_output_tokens(self, record: JobRecord) -> int:
         """The fewest tokens the job's provider takes a request for (1 if this janitor does
@@ -374,7 +422,13 @@ class Janitor:
             # the previous attempt's text ended).
             chars_persisted=len(d.tail),
             bytes_persisted=text_bytes - record.attempt_text_base,
-            count_source="usage" if record.counts_exact else "estimate",
+            count_source=(
+                "usage"
+                if record.counts_exact
+                else "chunks"
+                if self._read_on(record)
+                else "estimate"
+            ),
             counts_exact=record.counts_exact,
             # What it had in flight when it died was billed and never counted.
             billed_lower_bound=True,

@@ -36,6 +36,10 @@ ENDED = f"{PREFIX}:ended"
 #: Job id → when it was created: every job, newest last, for listings (an entry whose job
 #: expired is removed by whoever meets it: a listing, the janitor).
 JOBS = f"{PREFIX}:jobs"
+#: ``job_id response_id provider`` → when it was added: background responses that may still
+#: be generating for nobody (their job ended, spilled, or went on without them), for the
+#: janitor to cancel at the provider.
+STOP_RESPONSES = f"{PREFIX}:responses:stop"
 #: What operators did (who, when, what, which jobs): a capped stream (:mod:`resumeq.audit`).
 AUDIT = f"{PREFIX}:audit"
 #: A console session, by the SHA-256 of its cookie (:mod:`resumeq.server.console`).

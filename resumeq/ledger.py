@@ -55,6 +55,9 @@ class AttemptRecord(BaseModel):
     output_tokens: int | None = None
     #: Output tokens written to the cursor by this attempt (reasoning included).
     output_tokens_persisted: int = 0
+    #: Among them, the output of a background response that could not be read on (billed
+    #: by the provider, never read) that this attempt counted before it continued.
+    carried_output_tokens: int = 0
     #: The reasoning (thinking) tokens among them, where known: billed, never resumed.
     reasoning_tokens: int | None = None
     chars_persisted: int = 0
@@ -75,9 +78,9 @@ class AttemptRecord(BaseModel):
     @property
     def billed_output(self) -> int:
         """Output tokens this attempt is charged for: the provider's count where known."""
-        return (
-            self.output_tokens if self.output_tokens is not None else self.output_tokens_persisted
-        )
+        if self.output_tokens is None:
+            return self.output_tokens_persisted
+        return self.output_tokens + self.carried_output_tokens
 
     def totals(self) -> dict[str, int]:
         """What this record adds to the running totals (``stats``, the metrics)."""

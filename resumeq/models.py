@@ -113,13 +113,15 @@ class JobRecord(BaseModel):
     text_offsets: str = ""
     #: The provider's background response the last attempts read (``background = true``
     #: profiles): its id, the provider and model it was made for (``provider model``), the
-    #: attempt that made it and the cursor then, and the last event number whose output is
+    #: attempt that made it, the cursor and the stored text's bytes before any of its
+    #: output, and the last event number whose output is
     #: in the stored text and cursor (absent while the seam of a continuation was open:
     #: the stored text then matches no event, and the response cannot be reattached).
     response_id: str | None = None
     response_for: str | None = None
     response_attempt: int | None = None
     response_spent_base: int | None = None
+    response_text_base: int | None = None
     response_seq: int | None = None
 
     def text_bytes_after(self, revision: int) -> int:

@@ -13,7 +13,7 @@ import httpx
 from resumeq import keys, outbox
 from resumeq.errors import ConfigError, JobNotFound, ResumeqError
 from resumeq.ledger import summary
-from resumeq.models import JobRecord, JobState, made_for
+from resumeq.models import JobRecord, JobState
 from resumeq.providers import make_client
 from resumeq.queueing import discard_attempt
 from resumeq.settings import Settings
@@ -374,22 +374,25 @@ def bulk(
     return result
 
 
-def stop_background_response(settings: Settings, record: JobRecord) -> str | None:
-    """Cancel, at the provider, the background response a cancelled job was reading
-    (``POST /responses/{id}/cancel``): nobody will read the rest, so nobody should pay
-    for it. Answers the response's id when it was cancelled; None when the job has none
-    this process can reach (no such profile here, or not a background one). A provider
-    error is raised (:class:`~resumeq.errors.ProviderError`)."""
+def stop_background_response(settings: Settings, provider: str, response_id: str) -> bool:
+    """Cancel a background response at the provider (``POST /responses/{id}/cancel``):
+    nobody will read the rest, so nobody should pay for it. Answers whether it was
+    stopped: False when this process knows no background profile ``provider`` or the
+    response had ended. A provider error is raised (:class:`~resumeq.errors.ProviderError`).
+    """
+    try:
+        profile = settings.profile(provider)
+    except ConfigError:
+        return False
+    if not profile.background:
+        return False
+    with httpx.Client() as http:
+        return make_client(profile, http).cancel(response_id)
+
+
+def response_of(record: JobRecord) -> tuple[str, str, str] | None:
+    """``(job id, response id, provider)`` of the job's background response, if it has one."""
     if record.response_id is None:
         return None
-    try:
-        profile = settings.profile(record.spec.provider)
-    except ConfigError:
-        return None
-    if not profile.background or record.response_for != made_for(
-        record.spec.provider, record.spec.model
-    ):
-        return None
-    with httpx.Client() as http:
-        make_client(profile, http).cancel(record.response_id)
-    return record.response_id
+    provider = (record.response_for or "").partition(" ")[0]
+    return record.id, record.response_id, provider

@@ -21,7 +21,8 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, Literal, NoReturn, TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn, TypeVar, cast
 
 import redis
 
@@ -171,6 +172,17 @@ class ReapResult:
         return f"ReapResult({self.status!r}, state={self.state!r})"
 
 
+@dataclass(frozen=True)
+class ResponseToStop:
+    """A background response to cancel at the provider (:data:`keys.STOP_RESPONSES`)."""
+
+    member: str
+    job_id: str
+    response_id: str
+    provider: str
+    since_ms: int
+
+
 class Store:
     """Jobs in Redis, written only through fenced scripts."""
 
@@ -257,9 +269,39 @@ class Store:
 
     def cancel(self, job_id: str, *, reason: str = "cancelled") -> int:
         """Cancel a job that is not terminal; answers the new revision."""
-        job_keys = [*_ending_keys(job_id), *self._idempotency_key_of(job_id)]
+        job_keys = [
+            *_ending_keys(job_id),
+            keys.STOP_RESPONSES,
+            *self._idempotency_key_of(job_id),
+        ]
         args: list[str | int] = [reason, self.settings.retention_s, request_id()]
         return self._write("cancel", job_keys, args, job_id)
+
+    # -- background responses to stop at the provider ----------------------------------
+
+    def responses_to_stop(self, limit: int = 100) -> list[ResponseToStop]:
+        """Background responses that may still be generating for nobody, oldest first."""
+        got = self._read(
+            "responses_to_stop",
+            lambda r: r.zrange(keys.STOP_RESPONSES, 0, limit - 1, withscores=True),
+        )
+        out: list[ResponseToStop] = []
+        for member, score in cast(list[Any], got):
+            job_id, response_id, provider = [*decode(member).split(" ", 2), "", ""][:3]
+            out.append(ResponseToStop(decode(member), job_id, response_id, provider, int(score)))
+        return out
+
+    def stop_responses(self, responses: Sequence[tuple[str, str, str]]) -> None:
+        """Add ``(job id, response id, provider)``: responses to cancel at the provider."""
+        if responses:
+            now = int(time.time() * 1000)
+            members = {" ".join(r): now for r in responses}
+            self._read("stop_responses", lambda r: r.zadd(keys.STOP_RESPONSES, members, nx=True))
+
+    def responses_stopped(self, members: Sequence[str]) -> None:
+        """Those were cancelled (or cannot be): forget them."""
+        if members:
+            self._read("responses_stopped", lambda r: r.zrem(keys.STOP_RESPONSES, *members))
 
     # -- operator side (the spill lane) ---------------------------------------------------
 
@@ -786,7 +828,7 @@ class Store:
 
     def _response(self, lease: Lease, mode: str, args: Sequence[str]) -> None:
         job_id = lease.job_id
-        job_keys = [keys.job(job_id), keys.lease(job_id)]
+        job_keys = [keys.job(job_id), keys.lease(job_id), keys.text(job_id)]
         status, *rest = self._run("response", job_keys, [lease.token, mode, *args], job_id)
         if status != "ok":
             self._refused(status, rest, job_id, f"response {mode}")

@@ -10,6 +10,7 @@ written by the same script.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -21,11 +22,11 @@ from datetime import UTC
 import redis
 from rq import get_current_job
 
-from resumeq import metrics
+from resumeq import metrics, ops
 from resumeq.checkpoint import Checkpointer
 from resumeq.context import Handoff, WorkerContext, context
 from resumeq.continuation import AttemptKind, RequestPlan, plan_reattach, plan_request
-from resumeq.counting import Count, Tally, settle
+from resumeq.counting import Count, Tally, estimate, settle
 from resumeq.errors import (
     ConfigError,
     CorruptRecord,
@@ -135,8 +136,10 @@ class _Call:
     prefix: str = ""
     #: The background response this attempt reads (made, or reattached), if any.
     response_id: str | None = None
-    #: Why the response the attempt meant to read on could not be (it continued instead).
+    #: Why the response the attempt meant to read on could not be (it continued instead),
+    #: and that response's output tokens the cursor had not counted (billed, never read).
     reattach_refused: str = ""
+    carried: int = 0
 
 
 def run_attempt(job_id: str) -> str:
@@ -216,7 +219,7 @@ class AttemptRunner:
         profile = self.ctx.settings.profile(record.spec.provider)
         prefix = self.store.text(record.id)
         client = make_client(profile, self.ctx.http.get(record.spec.provider, profile))
-        plan = self._plan(lease, record, profile, client, prefix)
+        plan = self._plan(lease, record, profile, prefix)
         ckpt = Checkpointer(
             self.store,
             lease,
@@ -253,7 +256,7 @@ class AttemptRunner:
         view = JobView(
             budget_tokens=record.budget_tokens,
             floor_tokens=max(record.floor_tokens, profile.min_output_tokens),
-            spent_output_tokens=record.spent_output_tokens + ckpt.flushed_tokens,
+            spent_output_tokens=record.spent_output_tokens + ckpt.flushed_tokens + call.carried,
             prefix_chars=len(prefix) + ckpt.flushed_chars,
             attempts=record.attempt,
             spill_count=record.spill_count,
@@ -289,7 +292,7 @@ class AttemptRunner:
             "job %s attempt %d (%s): %s, %d tokens persisted -> %s (%s)",
             record.id,
             record.attempt,
-            record.attempt_kind,
+            _kind(record, call.plan),
             result.cut.kind,
             ckpt.flushed_tokens,
             decision.action,
@@ -319,69 +322,89 @@ class AttemptRunner:
     # -- background responses --------------------------------------------------------------
 
     def _plan(
-        self,
-        lease: Lease,
-        record: JobRecord,
-        profile: ProviderProfile,
-        client: ProviderClient,
-        prefix: str,
+        self, lease: Lease, record: JobRecord, profile: ProviderProfile, prefix: str
     ) -> RequestPlan:
         """Read on the background response an earlier attempt made, where it can be;
-        otherwise (forgetting it, and stopping it if it may still be generating for nobody)
-        a fresh request or a continuation."""
+        otherwise (forgetting it, and handing it to the janitor to stop if it may still
+        be generating for nobody) a fresh request or a continuation."""
         spec = record.spec
-        response_id = record.response_id
-        if response_id is not None:
+        if record.response_id is not None:
             if profile.background and record.reattachable:
                 return plan_reattach(
                     spec,
-                    response_id=response_id,
+                    response_id=record.response_id,
                     after=record.response_seq or 0,
                     remaining_tokens=record.remaining_tokens,
                 )
-            same = record.response_for == made_for(spec.provider, spec.model)
             why = "its output since the last checkpoint cannot be placed"
-            if not same or not profile.background:
-                why = f"it was made for {record.response_for}"
-            log.info("job %s: not reading on response %s: %s", record.id, response_id, why)
-            self._forget_response(lease, record.id)
-            if profile.background and same:  # it may still be generating, for nobody
-                self._cancel(client, record.id, response_id, why)
+            if record.response_for != made_for(spec.provider, spec.model):
+                why = f"it was made for {record.response_for}, not {spec.provider} {spec.model}"
+            elif not profile.background:
+                why = f"profile {spec.provider} no longer makes background responses"
+            log.info("job %s: not reading on response %s: %s", record.id, record.response_id, why)
+            self._let_go(lease, record)
         return plan_request(spec, profile, prefix=prefix, remaining_tokens=record.remaining_tokens)
 
-    def _forget_response(self, lease: Lease, job_id: str) -> None:
-        """Forget the job's background response (best effort while Redis is unreachable:
-        the next one this attempt makes replaces it)."""
+    def _let_go(self, lease: Lease, record: JobRecord) -> None:
+        """Forget the job's background response, and have the janitor stop it at the
+        provider (it may still be generating; a job that ended or is gone is left). Best
+        effort while Redis is unreachable: the next response this attempt makes replaces
+        it."""
+        found = ops.response_of(record)
         try:
+            if found is not None:
+                self.store.stop_responses([found])
             self.store.forget_response(lease)
         except RedisUnavailable as exc:
-            log.warning("job %s: the response was not forgotten: %s", job_id, exc)
+            log.warning("job %s: the response was not let go: %s", record.id, exc)
 
-    def _refused_reattach(self, call: _Call, exc: ReattachRefused) -> None:
+    def _refused_reattach(self, call: _Call, exc: ReattachRefused) -> bool:
         """The provider cannot give the rest of the response: go on from the stored prefix
-        with the profile's continuation, in this same attempt."""
-        log.info("job %s: reattach refused, continuing instead: %s", call.record.id, exc)
-        self._forget_response(call.ckpt.lease, call.record.id)
+        with the profile's continuation, in this same attempt. What the response made that
+        the cursor has not counted was billed all the same: it is counted first (the
+        provider's figure where it said one, else an estimate from its stored text that errs
+        high), so that the continuation cannot buy past the budget. Answers False when what
+        is left is below what a request may ask for (the gate decides)."""
+        record, profile = call.record, call.profile
+        log.info("job %s: reattach refused, continuing instead: %s", record.id, exc)
+        self._let_go(call.ckpt.lease, record)
         call.reattach_refused = str(exc)[:500]
         call.response_id = None
-        record = call.record
+        already = record.spent_output_tokens - (record.response_spent_base or 0)
+        billed = exc.billed_output
+        if billed is None:
+            stored = len(call.prefix.encode("utf-8")) - (record.response_text_base or 0)
+            billed = estimate(
+                0, max(0, stored), counted=already, bytes_per_token=profile.bytes_per_token
+            )
+        carried = max(0, billed - already)
+        if carried:
+            ckpt = call.ckpt
+            try:
+                ckpt.revision = self.store.flush(
+                    ckpt.lease, expected_revision=ckpt.revision, delta="", tokens=carried,
+                    exact=False,
+                ).revision  # fmt: skip
+            except RedisUnavailable as unreachable:
+                log.warning("job %s: the refused response not counted: %s", record.id, unreachable)
+                return False
+            call.carried = carried
+        remaining = record.remaining_tokens - carried
+        if remaining < max(record.floor_tokens, profile.min_output_tokens, 1):
+            return False
         call.plan = plan_request(
-            record.spec, call.profile, prefix=call.prefix, remaining_tokens=record.remaining_tokens
+            record.spec, profile, prefix=call.prefix, remaining_tokens=remaining
         )
-        call.splicer = _splicer(call.plan, call.profile, call.prefix)
+        call.splicer = _splicer(call.plan, profile, call.prefix)
+        return True
 
     def _started(self, call: _Call, stream: ProviderStream) -> None:
         """The provider named the response it makes: recorded at once, before any of its
         output, so that a worker that dies now leaves a response to read on."""
         self._position(call, stream)
-        position = call.ckpt.response
-        if position is None:
-            return
-        call.response_id = position.response_id
-        try:
-            self.store.note_response(call.ckpt.lease, position)
-        except RedisUnavailable as exc:  # the first flush carries it
-            log.warning("job %s: the response was not noted: %s", call.record.id, exc)
+        if call.ckpt.response is not None:
+            call.response_id = call.ckpt.response.response_id
+            call.ckpt.note()  # Redis unreachable: every flush tries again, the last one too
 
     @staticmethod
     def _position(call: _Call, stream: ProviderStream) -> None:
@@ -393,23 +416,25 @@ class AttemptRunner:
         spec = call.record.spec
         call.ckpt.response = ResponsePosition(
             response_id=stream.response_id,
-            sequence=stream.sequence if call.splicer.passing else None,
+            sequence=stream.sequence if call.splicer.passing and not stream.holding else None,
             made_for=made_for(spec.provider, spec.model),
         )
 
     def _cancel_response(self, call: _Call, why: str) -> None:
-        if call.response_id is not None and call.profile.background:
-            self._cancel(call.client, call.record.id, call.response_id, why)
-
-    @staticmethod
-    def _cancel(client: ProviderClient, job_id: str, response_id: str, why: str) -> None:
-        """Stop a background response nobody will read (best effort)."""
+        """Stop the attempt's background response, which nobody will read (best effort: a
+        response the provider could not be asked about is left to the janitor)."""
+        response_id, job_id = call.response_id, call.record.id
+        if response_id is None or not call.profile.background:
+            return
         try:
-            client.cancel(response_id)
+            stopped = call.client.cancel(response_id)
         except ProviderError as exc:
             log.warning("job %s: response %s not cancelled: %s", job_id, response_id, exc)
+            with contextlib.suppress(RedisUnavailable):
+                self.store.stop_responses([(job_id, response_id, call.record.spec.provider)])
         else:
-            log.info("job %s: cancelled response %s: %s", job_id, response_id, why)
+            if stopped:
+                log.info("job %s: cancelled response %s: %s", job_id, response_id, why)
 
     @staticmethod
     def _reattached_usage(record: JobRecord, usage: Usage) -> Usage:
@@ -513,11 +538,11 @@ class AttemptRunner:
         try:
             self._stream(call, result, lost=lost, opened=opened)
             if not lost.is_set():
-                splicer = call.splicer  # a refused reattach's continuation has its own
-                released = splicer.finish()
-                if opened:  # all that was read is released: the text ends at its last event
-                    self._position(call, opened[-1])
-                ckpt.add(released, splicer.take_tokens(), exact=ckpt.exact)
+                # A refused reattach's continuation has its own splicer. What it still held
+                # is released at the last event it was fed from, not one that follows it:
+                # the position stays where the seam last stood.
+                splicer = call.splicer
+                ckpt.add(splicer.finish(), splicer.take_tokens(), exact=ckpt.exact)
                 self._until_written(ckpt.flush)  # the text is durable before any counting
                 count = self._count(call, result)
                 self._until_written(lambda: ckpt.settle(count.tokens, exact=count.exact))
@@ -590,14 +615,16 @@ class AttemptRunner:
                 result.first_byte_ms = _now_ms()
                 return stream
             except ReattachRefused as exc:
-                self._refused_reattach(call, exc)
+                if not self._refused_reattach(call, exc):
+                    result.cut = Cut(kind="stream_cut", detail=f"reattach refused: {exc}")
+                    break
             except ResponseQueued as exc:
                 waited = time.monotonic() - queued_since
                 if waited >= call.profile.background_queued_timeout_s:
                     result.cut = Cut(kind="retryable", detail=f"{exc} after {waited:.0f} s")
                     break
-                polls += 1
                 _pause(min(QUEUED_POLL_MAX_S, QUEUED_POLL_S * 2 ** min(polls, 8)), lost, handoff)
+                polls += 1
             except RetryableProviderError as exc:
                 result.cut = Cut(kind="retryable", retry_after_s=exc.retry_after, detail=str(exc))
                 result.first_byte_ms = _now_ms() if exc.status is not None else None
@@ -735,6 +762,7 @@ class AttemptRunner:
     ) -> AttemptRecord:
         usage = usage or Usage()
         refused = call.reattach_refused if call is not None else ""
+        carried = call.carried if call is not None else 0
         extra = {"reattach_refused": refused} if refused else {}
         return AttemptRecord(
             **extra,
@@ -760,7 +788,8 @@ class AttemptRunner:
             cached_input_tokens=usage.cached_input_tokens,
             cache_creation_input_tokens=usage.cache_creation_input_tokens,
             output_tokens=count.tokens if count and count.exact else None,
-            output_tokens_persisted=ckpt.flushed_tokens if ckpt else 0,
+            output_tokens_persisted=(ckpt.flushed_tokens if ckpt else 0) + carried,
+            carried_output_tokens=carried,
             reasoning_tokens=count.reasoning_tokens if count else None,
             chars_persisted=ckpt.flushed_chars if ckpt else 0,
             bytes_persisted=ckpt.flushed_bytes if ckpt else 0,

@@ -134,6 +134,39 @@ def test_a_response_too_old_to_stream_falls_back_to_a_continuation(
     assert len(seen["created"]) == 2 and seen["created"][1]["body"]["input"][-1]["status"] == (
         "in_progress"
     )
+    # The refused response made all its tokens, billed though never read: the continuation
+    # counted them first (the provider's figure), so the cursor is what was billed.
+    billed = sum(e["output_tokens_billed"] for e in seen["created"])
+    assert ledger[1]["carried_output_tokens"] > 0
+    assert record.spent_output_tokens == billed
+
+
+def test_a_cut_while_the_seam_is_open_is_continued_never_read_on(
+    fake: FakeProvider, redis_server: RedisServer, real_store: Store
+) -> None:
+    """A continuation cut before its seam was settled: the stored text ends at no event of
+    its response, so the next attempt continues again instead of reading on (which would
+    place the rest of a restated passage after the prefix)."""
+    fake.add_faults(
+        [
+            {"kind": "disconnect", "after_tokens": 150, "match": PROMPT},
+            {"kind": "disconnect", "after_tokens": 2, "match": PROMPT},
+        ]
+    )
+    configure(fake, background_window_s=0)  # the first response is never read on
+    with attempt_runner(
+        redis_server.url, providers(fake, continue_mode="instruction", counting="usage+tokenizer")
+    ) as runner:
+        job_id = create(real_store)
+        runner.run(job_id)  # cut at 150
+        runner.run(job_id)  # refused, continued, cut 2 tokens in: the seam still open
+        record = real_store.get(job_id)
+        assert record.response_id is not None and record.response_seq is None
+        assert record.attempt_kind == "resume"
+        record = run_to_rest(runner, job_id)
+    assert record.state.value == "done" and real_store.text(job_id) == canonical(fake)
+    kinds = [a["kind"] for a in real_store.ledger(job_id)]
+    assert kinds == ["fresh", "resume", "resume"], kinds
 
 
 def test_a_failed_response_is_continued_from_the_prefix(
@@ -176,7 +209,7 @@ def test_a_queued_response_is_polled_not_made_again(
 ) -> None:
     """The provider queues the response longer than the stall timeout: the first attempt
     is cut with nothing, and the next one polls the same response until it starts."""
-    configure(fake, background_queued_s=2.0)
+    configure(fake, background_queued_s=4.0)
     with attempt_runner(redis_server.url, providers(fake, stall_timeout_s=0.8)) as runner:
         job_id = create(real_store, prompt="A short answer, please.")
         record = run_to_rest(runner, job_id)

@@ -12,7 +12,7 @@ import click
 from resumeq import ops
 from resumeq.cli._base import EXIT_ERROR, Context, _emit, cli, reports_errors
 from resumeq.client import Client
-from resumeq.errors import InvalidTransition, ProviderError
+from resumeq.errors import InvalidTransition, ProviderError, ResumeqError
 from resumeq.models import JobState
 from resumeq.producer import enqueue_job
 from resumeq.store import DEFAULT_QUEUE
@@ -231,12 +231,7 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
         if not JobState(exc.state).terminal:
             raise
         already_ended = True
-    stopped, stop_error = None, None
-    if not already_ended:
-        try:
-            stopped = ops.stop_background_response(obj.settings, obj.store.get(job_id))
-        except ProviderError as exc:  # the job is cancelled all the same
-            stop_error = f"its background response was not cancelled at the provider: {exc}"
+    stopped, stop_error = (None, None) if already_ended else _stop_response(obj, job_id)
     info = ops.status_dict(obj.store, job_id)
     if as_json:
         extra = {"response_cancelled": stopped} if stopped else {}
@@ -254,6 +249,20 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
             click.echo(f"stopped its background response {stopped} at the provider")
         if stop_error:
             click.echo(f"warning: {stop_error}", err=True)
+
+
+def _stop_response(obj: Context, job_id: str) -> tuple[str | None, str | None]:
+    """A cancelled job's background response stopped at the provider now (a janitor would
+    do it at its next sweep): its id if it was stopped, and what went wrong if anything."""
+    try:
+        found = ops.response_of(obj.store.get(job_id))
+        if found is not None and ops.stop_background_response(obj.settings, found[2], found[1]):
+            return found[1], None
+    except ProviderError as exc:  # the job is cancelled all the same; a janitor tries again
+        return None, f"its background response was not cancelled at the provider: {exc}"
+    except ResumeqError as exc:
+        return None, f"its background response was not looked up: {exc}"
+    return None, None
 
 
 @cli.command()

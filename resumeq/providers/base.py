@@ -332,6 +332,12 @@ class ProviderStream(ABC):
         with contextlib.suppress(Exception):  # the reader may be closing it at the same time
             self._response.close()
 
+    @property
+    def holding(self) -> bool:
+        """Whether text read is held back (the first half of a surrogate pair, whose second
+        half is to come): what was yielded does not yet end where the last event did."""
+        return bool(self._high)
+
     def __enter__(self) -> ProviderStream:
         return self
 
@@ -446,9 +452,10 @@ class ProviderClient(ABC):
             raise UnreadableCount(f"{url} answered a JSON {type(data).__name__}")
         return data
 
-    def cancel(self, response_id: str) -> None:
+    def cancel(self, response_id: str) -> bool:
         """Stop a response the provider keeps generating for nobody (a background response
-        of the Responses API); a wire that keeps none has nothing to stop."""
+        of the Responses API); answers whether it was stopped. A wire that keeps none has
+        nothing to stop."""
         raise NotImplementedError(f"{type(self).__name__} keeps no responses to cancel")
 
     @abstractmethod

@@ -17,6 +17,7 @@ last sequence number read are kept: what a background response is reattached wit
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -217,6 +218,12 @@ def _in_band(what: str, error: Any, raw: str) -> InBandError:
 _READABLE = frozenset({"in_progress", "completed", "incomplete"})
 
 
+def _dated(made: str, model: str) -> bool:
+    """Whether ``made`` is a dated snapshot of ``model`` (OpenAI answers ``gpt-4o`` with
+    ``gpt-4o-2024-08-06``; ``gpt-4o-mini`` is another model)."""
+    return re.fullmatch(rf"{re.escape(model)}-\d{{4}}-\d{{2}}-\d{{2}}", made) is not None
+
+
 class ResponsesClient(OpenAIClient):
     """OpenAI's authentication, another endpoint and body; and for a ``background = true``
     profile, background responses: made with ``background: true, store: true``, read on
@@ -269,16 +276,21 @@ class ResponsesClient(OpenAIClient):
         status = data.get("status")
         if status == "queued":
             raise ResponseQueued(f"response {response_id} is still queued")
+        usage = usage_of(data.get("usage"))
+        billed = usage.output_tokens if usage is not None else None
+
+        def refused(why: str, **kw: Any) -> ReattachRefused:
+            return ReattachRefused(f"response {response_id}{why}", billed_output=billed, **kw)
+
         if data.get("id") != response_id:
             raise ReattachRefused(f"asked for response {response_id}, got {data.get('id')!r}")
         if data.get("background") is not True:
-            raise ReattachRefused(f"response {response_id} is not a background response")
+            raise refused(" is not a background response")
         made = data.get("model")
-        # OpenAI answers with the dated snapshot of the model asked for.
-        if not (made == model or (isinstance(made, str) and made.startswith(f"{model}-"))):
-            raise ReattachRefused(f"response {response_id} was made by {made!r}, not {model!r}")
+        if not (made == model or (isinstance(made, str) and _dated(made, model))):
+            raise refused(f" was made by {made!r}, not {model!r}")
         if status not in _READABLE:
-            raise ReattachRefused(f"response {response_id} is {status}")
+            raise refused(f" is {status}")
         request = self.http.build_request(
             "GET",
             self._url(response_id),
@@ -294,9 +306,7 @@ class ResponsesClient(OpenAIClient):
             response = self.send(request)
         except ProviderError as exc:
             if exc.status in (400, 404):
-                raise ReattachRefused(
-                    f"response {response_id}: {exc}", status=exc.status, body=exc.body
-                ) from None
+                raise refused(f": {exc}", status=exc.status, body=exc.body) from None
             raise
         return ResponsesStream(
             response,
@@ -305,9 +315,10 @@ class ResponsesClient(OpenAIClient):
             response_id=response_id,
         )
 
-    def cancel(self, response_id: str) -> None:
+    def cancel(self, response_id: str) -> bool:
         """Stop a background response (``POST /responses/{id}/cancel``): nobody will read
-        the rest, so nobody should pay for it. A response that ended or is gone is left."""
+        the rest, so nobody should pay for it. Answers False for one that had ended or is
+        gone (the provider's 400, 404 or 409: left as it is)."""
         request = self.http.build_request(
             "POST", self._url(response_id, "/cancel"), headers=self.headers(), timeout=self.timeout
         )
@@ -316,6 +327,8 @@ class ResponsesClient(OpenAIClient):
         except ProviderError as exc:
             if exc.status not in (400, 404, 409):
                 raise
+            return False
+        return True
 
     def body(self, plan: RequestPlan) -> dict[str, Any]:
         extra = dict(plan.extra_body)

@@ -240,15 +240,17 @@ end
 
 -- A background response the current attempt reads: its id, what it was made for, and the
 -- last event whose output is in the stored text ('' : none is, the text matches no event
--- of it). A new id also records the attempt that made it and the cursor then.
-local function note_response(job, id, seq, made_for)
+-- of it). A new id also records the attempt that made it, the cursor then, and the
+-- stored text's length (bytes) before any of its output: ``text_base``.
+local function note_response(job, id, seq, made_for, text_base)
   if id == '' then
     return
   end
   if redis.call('HGET', job, 'response_id') ~= id then
     redis.call('HSET', job, 'response_id', id, 'response_for', made_for,
       'response_attempt', redis.call('HGET', job, 'attempt') or '0',
-      'response_spent_base', redis.call('HGET', job, 'attempt_spent_base') or '0')
+      'response_spent_base', redis.call('HGET', job, 'attempt_spent_base') or '0',
+      'response_text_base', text_base)
   end
   if seq == '' then
     redis.call('HDEL', job, 'response_seq')

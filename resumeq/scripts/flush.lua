@@ -47,7 +47,15 @@ if ARGV[5] == '1' then
 else
   redis.call('HSET', job, 'counts_exact', '0')
 end
-note_response(job, ARGV[9] or '', ARGV[10] or '', ARGV[11] or '')
+if (ARGV[9] or '') == '' then
+  if delta ~= '' then
+    -- Text from no background response: whatever response the job had, the stored text
+    -- no longer ends at an event of it.
+    redis.call('HDEL', job, 'response_seq')
+  end
+else
+  note_response(job, ARGV[9], ARGV[10] or '', ARGV[11] or '', fmt(size - string.len(delta)))
+end
 stamp(job, ARGV[7])
 local rev = bump(job, now)
 event(events, rev, 'delta', delta, 'spent', fmt(spent), 'exact', ARGV[5])

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from resumeq import audit, keys, metrics, ops
+from resumeq import audit, keys, metrics
 from resumeq.async_client import AsyncClient
 from resumeq.connection import connect
 from resumeq.errors import (
@@ -100,18 +100,6 @@ class Service:
     async def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """A synchronous operation, in a worker thread."""
         return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
-
-    def stop_response(self, job_id: str) -> None:
-        """After a cancel: stop the job's background response at the provider, if it has
-        one (best effort: the job is cancelled either way, and its worker, if one holds
-        it, stops the response too)."""
-        try:
-            stopped = ops.stop_background_response(self.settings, self.store.get(job_id))
-        except ResumeqError as exc:
-            log.warning("job %s: its background response was not cancelled: %s", job_id, exc)
-        else:
-            if stopped:
-                log.info("job %s: cancelled its background response %s", job_id, stopped)
 
     def audit(self, who: Principal, action: str, job_id: str, detail: str = "") -> None:
         """An operator action over the API, in the audit log (a producer cancelling its own
@@ -349,7 +337,6 @@ async def cancel_job(request: Request) -> Response:
     await visible_job(request, who, job_id)
     await svc.run(svc.store.cancel, job_id, reason=f"cancelled by {who.name} over HTTP")
     await svc.run(svc.audit, who, "cancel", job_id)
-    await svc.run(svc.stop_response, job_id)
     return JSONResponse(await visible_job(request, who, job_id))
 
 

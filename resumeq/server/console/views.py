@@ -394,7 +394,6 @@ class Console:
         except InvalidTransition as exc:
             raise PageError(409, f"Not cancelled: {exc}") from None
         await svc.run(self.audit, who, "cancel", [job_id])
-        await svc.run(svc.stop_response, job_id)
         return _back(f"/console/jobs/{job_id}", "cancelled")
 
     async def spill_action(self, request: Request, who: Session, form: FormData) -> Response:

@@ -52,7 +52,7 @@ def canonical(world: World, prompt: str = PROMPT) -> str:
 
 
 def test_sigkill_mid_stream_reads_the_rest_of_the_same_response(world: World) -> None:
-    world.fake.completion_tokens = 400
+    world.fake.completion_tokens = 250
     world.fake.token_delay_ms = 10
     a = world.cluster.worker()
     job_id = enqueue(world)
@@ -75,17 +75,17 @@ def test_sigkill_mid_stream_reads_the_rest_of_the_same_response(world: World) ->
     after = int(seen["streamed"][0]["path"].partition("starting_after=")[2].partition("&")[0])
     assert after > ledger[0]["output_tokens_persisted"] >= 80
     created = seen["created"][0]
-    assert created["output_tokens_billed"] == 400 and created["outcome"] == "finished"
+    assert created["output_tokens_billed"] == 250 and created["outcome"] == "finished"
     assert all(e["input_tokens_billed"] == e["output_tokens_billed"] == 0 for e in seen["streamed"])
     assert sum(a["input_tokens"] or 0 for a in ledger) == created["input_tokens_billed"]
     # The cursor is the response's billed total: the dead attempt's count was left as
     # counted (no guess on top), and the reattach took the rest from the provider's usage.
-    assert record.spent_output_tokens == 400
-    assert sum(a["output_tokens"] or a["output_tokens_persisted"] for a in ledger) == 400
+    assert record.spent_output_tokens == 250
+    assert sum(a["output_tokens"] or a["output_tokens_persisted"] for a in ledger) == 250
 
 
 def test_past_the_window_the_job_continues_and_ends_canonical(world: World) -> None:
-    world.fake.completion_tokens = 400
+    world.fake.completion_tokens = 250
     world.fake.token_delay_ms = 10
     a = world.cluster.worker()
     job_id = enqueue(world)
@@ -151,8 +151,8 @@ def test_a_producers_cancel_is_carried_to_the_provider_by_the_janitor(world: Wor
         timeout_s=15,
         what="the janitor to cancel the response",
     )
-    assert len(journal_of(world)["cancelled"]) == 1
-    assert world.store.responses_to_stop() == []
+    wait_for(lambda: not world.store.responses_to_stop(), timeout_s=5, what="the set to empty")
+    assert len(journal_of(world)["cancelled"]) == 1  # once
 
 
 def test_a_worker_that_sees_its_job_cancelled_stops_the_provider(world: World) -> None:
@@ -177,7 +177,7 @@ def test_a_worker_that_sees_its_job_cancelled_stops_the_provider(world: World) -
 
 
 def test_a_handoff_on_shutdown_is_read_on_by_the_next_worker(world: World) -> None:
-    world.fake.completion_tokens = 400
+    world.fake.completion_tokens = 250
     world.fake.token_delay_ms = 10
     a = world.cluster.worker()
     job_id = enqueue(world)
@@ -193,5 +193,5 @@ def test_a_handoff_on_shutdown_is_read_on_by_the_next_worker(world: World) -> No
         ("reattach", "done"),
     ], ledger
     seen = journal_of(world)
-    assert len(seen["created"]) == 1 and seen["created"][0]["output_tokens_billed"] == 400
-    assert record.spent_output_tokens == 400
+    assert len(seen["created"]) == 1 and seen["created"][0]["output_tokens_billed"] == 250
+    assert record.spent_output_tokens == 250

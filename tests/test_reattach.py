@@ -73,8 +73,8 @@ def test_a_cut_reads_the_rest_of_the_same_response_billed_once(
     fake: FakeProvider, redis_server: RedisServer, real_store: Store, kind: str
 ) -> None:
     fake.token_delay_ms = 2
-    fake.add_faults([{"kind": kind, "after_tokens": 150, "match": PROMPT, "seconds": 6}])
-    with attempt_runner(redis_server.url, providers(fake)) as runner:
+    fake.add_faults([{"kind": kind, "after_tokens": 150, "match": PROMPT, "seconds": 3}])
+    with attempt_runner(redis_server.url, providers(fake, stall_timeout_s=1)) as runner:
         job_id = create(real_store)
         record = run_to_rest(runner, job_id)
     text = real_store.text(job_id)

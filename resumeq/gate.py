@@ -86,6 +86,11 @@ class JobView(BaseModel):
     retry_window_s: float = Field(default=300.0, gt=0)
     #: How long the attempt that ended ran, in seconds (None: not known).
     attempt_s: float | None = Field(default=None, ge=0)
+    #: The next attempt reads on from the provider's background response (``reattach``):
+    #: no new request, no new draw — the rest of the same answer, its count the
+    #: provider's. What stops a continuation (a byte-exact job, a cursor that is an
+    #: estimate, a budget below the floor, a cut inside a block) does not stop it.
+    reads_on: bool = False
 
 
 class Cut(BaseModel):
@@ -179,15 +184,16 @@ def _exit(job: JobView, reason: str) -> Decision:
 def _why_not_continue(job: JobView, cut: Cut) -> str | None:
     """Why a job with a prefix cannot be continued, or None if it can."""
     remaining = job.budget_tokens - job.spent_output_tokens
+    new_draw = not job.reads_on
     checks = [
         (job.exit.on_cut != "resume", f"on_cut is {job.exit.on_cut}"),
-        (job.byte_exact, "byte_exact job: a continuation is a new draw"),
+        (new_draw and job.byte_exact, "byte_exact job: a continuation is a new draw"),
         (
-            job.require_exact_counts and not job.counts_exact,
+            new_draw and job.require_exact_counts and not job.counts_exact,
             "the cursor is an estimate and the job requires exact counts",
         ),
         (
-            remaining < job.floor_tokens,
+            new_draw and remaining < job.floor_tokens,
             f"remaining budget {remaining} is below the floor {job.floor_tokens}",
         ),
         (
@@ -195,7 +201,7 @@ def _why_not_continue(job: JobView, cut: Cut) -> str | None:
             f"attempts exhausted ({job.attempts})",
         ),
         (_out_of_time(job) is not None, _out_of_time(job) or ""),
-        (cut.in_non_text_block, "cut inside a tool-use or thinking block"),
+        (new_draw and cut.in_non_text_block, "cut inside a tool-use or thinking block"),
     ]
     return next((why for failed, why in checks if failed), None)
 
@@ -222,8 +228,8 @@ def _why_not_retry(job: JobView) -> str | None:
         return out_of_time
     if job.progressed and job.attempts >= job.exit.max_attempts:
         return f"attempts exhausted ({job.attempts})"
-    if remaining < job.floor_tokens:
-        # Reasoning that was cut before any text is billed and lost.
+    if remaining < job.floor_tokens and not job.reads_on:
+        # Reasoning that was cut before any text is billed and lost (unless it is read on).
         return f"remaining budget {remaining} is below the floor {job.floor_tokens}"
     return None
 
@@ -239,7 +245,9 @@ def decide(job: JobView, cut: Cut, *, jitter: float = 0.5) -> Decision:
     why = _why_not_retry(job) if retry else _why_not_continue(job, cut)
     if why is not None:
         return _exit(job, why)
-    if not retry:
+    if job.reads_on:
+        what = f"after {job.spent_output_tokens} output tokens, read on from the provider"
+    elif not retry:
         what = f"after {job.spent_output_tokens} output tokens"
     elif job.spent_output_tokens:
         what = f"before any text ({job.spent_output_tokens} tokens of reasoning are lost)"

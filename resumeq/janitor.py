@@ -395,6 +395,7 @@ class Janitor:
             require_exact_counts=record.spec.require_exact_counts,
             byte_exact=record.spec.byte_exact,
             exit=record.spec.exit,
+            reads_on=self._read_on(record),
             **pacing(
                 record,
                 progressed=d.progressed,

@@ -271,6 +271,7 @@ class AttemptRunner:
                 now_ms=now_ms,
             ),
             attempt_s=max(0.0, (now_ms - started) / 1000.0),
+            reads_on=_reads_on(call, result),
         )
         decision = decide(view, result.cut, jitter=random.random())
         handed_on = handoff and decision.action in ("retry", "resume")
@@ -370,6 +371,8 @@ class AttemptRunner:
         self._let_go(call.ckpt.lease, record)
         call.reattach_refused = str(exc)[:500]
         call.response_id = None
+        if record.spec.byte_exact:
+            return False  # a continuation would be a new draw: the gate takes the exit
         already = record.spent_output_tokens - (record.response_spent_base or 0)
         billed = exc.billed_output
         if billed is None:
@@ -696,8 +699,7 @@ class AttemptRunner:
                 bytes_per_token=profile.bytes_per_token,
             )
 
-        position = ckpt.response
-        if result.cut.kind != "finished" and position is not None and position.sequence is not None:
+        if _reads_on(call, result):
             # The next attempt reads the rest of this response from the provider, and with
             # it the response's billed total: counted as it came (a lower bound), never a
             # guess that errs high — one the total would be charged on top of.
@@ -799,6 +801,19 @@ class AttemptRunner:
             echo_chars=seam.echo_dropped if seam else 0,
             overlap_chars=seam.overlap_dropped if seam else 0,
         )
+
+
+def _reads_on(call: _Call, result: StreamResult) -> bool:
+    """Whether the next attempt reads on from this attempt's background response: it was
+    cut (not finished, not refused before a stream) where the stored text ends at one of
+    its events."""
+    position = call.ckpt.response
+    return (
+        call.profile.background
+        and result.cut.kind != "finished"
+        and position is not None
+        and position.sequence is not None
+    )
 
 
 def _kind(record: JobRecord, plan: RequestPlan | None) -> AttemptKind:

@@ -256,3 +256,24 @@ def test_a_fast_cut_waits_out_the_minimum_gap_and_no_more() -> None:
     assert decide(job(attempt_s=None), CUT).delay_s == 0.0  # not known: a janitor's reap
     # A worker going away hands on at once: it says nothing about the provider.
     assert decide(job(attempt_s=0.01), Cut(kind="handoff")).delay_s == 0.0
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"byte_exact": True},
+        {"require_exact_counts": True, "counts_exact": False},
+        {"spent_output_tokens": 990, "floor_tokens": 32},
+    ],
+)
+def test_reading_on_a_background_response_is_no_new_draw(over: dict[str, Any]) -> None:
+    """What stops a continuation does not stop reading on the same response; the job's own
+    choices (on_cut, attempts, the retry window) still do."""
+    cut = Cut(kind="stream_cut", in_non_text_block="spent_output_tokens" in over)
+    assert decide(job(**over), cut).action != "resume"
+    read_on = decide(job(**over, reads_on=True), cut)
+    assert read_on.action == "resume" and "read on from the provider" in read_on.reason
+    assert decide(job(**over, reads_on=True, exit=ExitPolicy(on_cut="spill")), cut).action == (
+        "spill"
+    )
+    assert decide(job(**over, reads_on=True, attempts=6), cut).action != "resume"

@@ -304,3 +304,31 @@ def test_a_read_on_stream_refuses_another_responses_events() -> None:
     stream = ResponsesStream(response, stall_timeout_s=5, after=7, response_id="resp_1")
     with pytest.raises(MalformedChunk, match="an event of resp_other"):
         list(stream)
+
+
+def test_a_byte_exact_job_survives_a_cut_by_reading_on(
+    fake: FakeProvider, redis_server: RedisServer, real_store: Store
+) -> None:
+    """A byte-exact job cannot be continued (a continuation is a new draw), but the rest
+    of the same response is the same draw: it is read on, and only if it cannot be does
+    the job take its exit."""
+    fake.add_faults([{"kind": "disconnect", "after_tokens": 150, "match": PROMPT}])
+    with attempt_runner(redis_server.url, providers(fake)) as runner:
+        job_id = create(real_store, byte_exact=True, exit={"on_cut": "resume"})
+        record = run_to_rest(runner, job_id)
+        assert record.state.value == "done" and real_store.text(job_id) == canonical(fake)
+        assert [a["kind"] for a in real_store.ledger(job_id)] == ["fresh", "reattach"]
+
+        fake.add_faults([{"kind": "disconnect", "after_tokens": 150, "match": PROMPT}])
+        configure(fake, background_window_s=0)
+        # Too old to read on: the exit it chose for a cut that cannot go on (to a person).
+        job_id = create(real_store, byte_exact=True, exit={"droppable": False})
+        record = run_to_rest(runner, job_id)
+    assert record.state.value == "spilled", record
+    ledger = real_store.ledger(job_id)
+    assert [(a["kind"], a["outcome"]) for a in ledger] == [
+        ("fresh", "resume"),
+        ("reattach", "spill"),
+    ]
+    assert "can no longer be streamed" in ledger[1]["reattach_refused"]
+    assert "byte_exact" in (record.reason or "")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import httpx
 import redis
 
+from resumeq import keys
 from resumeq.connection import connect
 from resumeq.heartbeat import LeaseKeeper
 from resumeq.pacing import FULL_AT, paced_transport
@@ -173,13 +174,19 @@ def redis_pool_size(concurrency: int) -> int:
 
 
 def redis_client(
-    settings: Settings, *, concurrency: int = 1, pool_size: int | None = None
+    settings: Settings,
+    *,
+    concurrency: int = 1,
+    pool_size: int | None = None,
+    name: str | None = None,
 ) -> redis.Redis:
     """A client that fails fast and never re-sends on its own: a Redis call that hangs
     would hold up the stream, and the checkpointer, the heartbeat and the store re-send
     their writes themselves, recognisably, until the lease would have expired. Its pool is
     bounded (:func:`redis_pool_size`); a caller that finds every connection busy waits
-    for one, up to the same timeout."""
+    for one, up to the same timeout. ``name``: the worker whose connections these are,
+    each named for it (:func:`resumeq.keys.worker_client_name`, set again on every
+    reconnect): the janitor knows a worker died when none is left."""
     timeout = max(1.0, settings.file.worker.lease_ttl_ms / 3000)
     return connect(
         settings.redis_url,
@@ -188,22 +195,26 @@ def redis_client(
         health_check_interval=30,
         pool_size=pool_size or redis_pool_size(concurrency),
         pool_timeout_s=timeout,
+        client_name=keys.worker_client_name(name) if name else None,
     )
 
 
 def build_context(settings: Settings, *, concurrency: int = 1) -> WorkerContext:
-    client = redis_client(settings, concurrency=concurrency)
+    name = worker_name()
+    client = redis_client(settings, concurrency=concurrency, name=name)
     file = settings.file
     store = Store(client, settings=file.store, limits=file.limits)
     # The lease keeper renews on a connection of its own: checkpoints queueing for the
     # shared pool never hold up a renewal (a late renewal is a lost lease).
-    renewing = Store(redis_client(settings, pool_size=1), settings=file.store, limits=file.limits)
+    renewing = Store(
+        redis_client(settings, pool_size=1, name=name), settings=file.store, limits=file.limits
+    )
     return WorkerContext(
         settings=settings,
         store=store,
         redis=client,
         http=HttpClients(concurrency, read_pause_ms=file.worker.read_pause_ms),
-        name=worker_name(),
+        name=name,
         pid=os.getpid(),
         leases=LeaseKeeper(renewing),
     )

@@ -54,6 +54,7 @@ from resumeq.errors import (
 )
 from resumeq.gate import Cut, Decision, JobView, decide, pacing
 from resumeq.ledger import AttemptRecord
+from resumeq.liveness import Liveness
 from resumeq.models import Acquired, JobRecord, JobState, lease_holder
 from resumeq.queueing import (
     DeadAttempt,
@@ -112,6 +113,7 @@ class Janitor:
         self.store = ctx.store
         self.name = f"janitor-{ctx.name}"
         self._last_registry_clean = 0.0
+        self._liveness = Liveness(ctx.settings.file.janitor.liveness_interval_ms / 1000.0)
 
     def sweep(self) -> SweepReport:
         report = SweepReport()
@@ -134,6 +136,26 @@ class Janitor:
             self._last_registry_clean = time.monotonic()
         return report
 
+    def check_liveness(self) -> SweepReport:
+        """One look at the workers' connections (one ``CLIENT LIST``); the jobs of workers
+        found dead by it are reaped at once (:mod:`resumeq.liveness`)."""
+        report = SweepReport()
+        with redis_errors("client list"):
+            clients = self.ctx.redis.client_list(_type="normal")
+        names = [_text(c.get("name", "")) for c in clients]
+        dead = self._liveness.observe(names, time.monotonic())
+        if dead:
+            held = self.store.leases_held_by(set(dead))
+            if held:
+                self._reap_batch(report, list(held), dead_tokens=held)
+            log.info(
+                "%s: worker(s) %s gone (every connection closed): reaped %d job(s) at once",
+                self.name,
+                ", ".join(dead),
+                len(report.reaped),
+            )
+        return report
+
     def run(
         self,
         *,
@@ -141,10 +163,12 @@ class Janitor:
         stop: threading.Event | None = None,
         max_backoff_s: float = 30.0,
     ) -> None:
-        """Sweep every ``interval_s`` until ``stop`` is set. A sweep that cannot reach Redis
-        (or is refused by it) stops at the first step that fails and is logged as one line;
-        the pause before the next doubles from twice the interval up to ``max_backoff_s``,
-        and the first sweep that gets through brings it back to the interval."""
+        """Sweep every ``interval_s`` until ``stop`` is set, and between sweeps look at the
+        workers' connections every ``liveness_interval_ms``. A sweep that cannot reach
+        Redis (or is refused by it) stops at the first step that fails and is logged as
+        one line; the pause before the next doubles from twice the interval up to
+        ``max_backoff_s``, and the first sweep that gets through brings it back to the
+        interval."""
         stop = stop or threading.Event()
         log.info("%s sweeping every %.1f s", self.name, interval_s)
         failed = 0
@@ -156,7 +180,7 @@ class Janitor:
                 cap = max(max_backoff_s, interval_s)
                 pause = min(cap, interval_s * 2.0 ** min(failed, 32))
                 log.warning("%s: sweep failed: %s (next sweep in %.1f s)", self.name, exc, pause)
-                stop.wait(pause)
+                self._look(stop, pause)
                 continue
             if failed:
                 log.info("%s: Redis answers again after %d failed sweep(s)", self.name, failed)
@@ -175,7 +199,25 @@ class Janitor:
                     len(report.followed_up),
                     len(report.requeued),
                 )
-            stop.wait(interval_s)
+            self._look(stop, interval_s)
+
+    def _look(self, stop: threading.Event, seconds: float) -> None:
+        """Wait ``seconds`` before the next sweep (less once ``stop`` is set), looking at
+        the workers' connections every ``liveness_interval_ms`` meanwhile (0: only wait)."""
+        every_s = self.ctx.settings.file.janitor.liveness_interval_ms / 1000.0
+        if every_s <= 0:
+            stop.wait(seconds)
+            return
+        until = time.monotonic() + seconds
+        while not stop.is_set():
+            try:
+                self.check_liveness()
+            except ResumeqError as exc:  # Redis unreachable: the next sweep says it, once
+                log.debug("%s: liveness check failed: %s", self.name, exc)
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            stop.wait(min(every_s, left))
 
     def _safe(self, report: SweepReport, fn: Callable[[*Ts], R], *args: *Ts) -> R | None:
         """Run one step of a sweep: a failure is logged as one line (a traceback only for
@@ -225,14 +267,16 @@ class Janitor:
     def _outbox_pending(self) -> list[str]:
         return self.store.outbox_pending(outbox.JANITOR_GRACE_MS, limit=REAP_BATCH)
 
-    def _reap_batch(self, report: SweepReport, job_ids: list[str]) -> int:
+    def _reap_batch(
+        self, report: SweepReport, job_ids: list[str], dead_tokens: dict[str, str] | None = None
+    ) -> int:
         """Reap ``job_ids`` (each is taken by one janitor only), ask the gate for each job
         it took, apply every exit with its ledger record, carry out what follows (the next
         attempts' RQ jobs) and settle the dead attempts' RQ jobs — each step one round trip
         for all the jobs still in the batch. A job whose step fails is logged and left
         out of the steps after it (a reaped job is reaped again once the janitor's lease
         lapses). Answers how many of ``job_ids`` were reaped, found alive or gone."""
-        dead, resolved = self._reap(report, job_ids)
+        dead, resolved = self._reap(report, job_ids, dead_tokens)
         if not dead:
             return resolved
         texts = self.store.attempt_texts([(d.job_id, d.record.attempt_text_base) for d in dead])
@@ -290,13 +334,17 @@ class Janitor:
             done.append(entry.member)
         self.store.responses_stopped(done)
 
-    def _reap(self, report: SweepReport, job_ids: list[str]) -> tuple[list[_Dead], int]:
+    def _reap(
+        self, report: SweepReport, job_ids: list[str], dead_tokens: dict[str, str] | None = None
+    ) -> tuple[list[_Dead], int]:
         """The jobs this janitor took over (a corrupt record is failed at once), and how
         many of ``job_ids`` were reaped, found alive or gone."""
         ttl_ms = self.ctx.settings.file.worker.lease_ttl_ms
         dead: list[_Dead] = []
         resolved = 0
-        reaps = self.store.reap_many(job_ids, janitor=self.name, ttl_ms=ttl_ms)
+        reaps = self.store.reap_many(
+            job_ids, janitor=self.name, ttl_ms=ttl_ms, dead_tokens=dead_tokens
+        )
         for job_id, result in zip(job_ids, reaps, strict=True):
             if isinstance(result, CorruptRecord):
                 if self._safe(report, self._fail_unreadable, job_id, result):
@@ -308,7 +356,7 @@ class Janitor:
             else:
                 resolved += 1
                 if result.acquired is not None:
-                    dead.append(_Dead(result.acquired))
+                    dead.append(_Dead(result.acquired, by_liveness=job_id in (dead_tokens or {})))
         return dead, resolved
 
     def _count_dead_attempts(self, report: SweepReport, dead: list[_Dead]) -> list[_Dead]:
@@ -413,7 +461,11 @@ class Janitor:
             ended_ms=record.updated_ms,
             outcome=decision.action,
             cut="worker_died",
-            detail="lease expired; reaped by " + self.name,
+            detail=(
+                "its worker's Redis connections all closed" if d.by_liveness else "lease expired"
+            )
+            + "; reaped by "
+            + self.name,
             reason=decision.reason[:500],
             delay_ms=decision.delay_ms,
             provider=record.spec.provider,
@@ -531,8 +583,10 @@ class Janitor:
 class _Dead:
     """A job whose worker died, reaped by this janitor, on its way through one batch."""
 
-    def __init__(self, acquired: Acquired) -> None:
+    def __init__(self, acquired: Acquired, *, by_liveness: bool = False) -> None:
         self.lease, self.record = acquired.lease, acquired.record
+        #: Found by its worker's connections closing, not by its lease expiring.
+        self.by_liveness = by_liveness
         self.job_id = acquired.record.id
         #: The stored prefix's length in bytes, and the dead attempt's own text.
         self.text_bytes, self.tail = 0, ""
@@ -603,3 +657,7 @@ class _Dead:
         self.error = f"{self.reason}, after a spill (spill is not a loop)"
         error = self.error
         return lambda s: s.finish(lease, state="failed", error=error, ledger=ledger)
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -142,3 +142,22 @@ JOB_PATTERN = f"{PREFIX}:job:{{*}}"
 
 #: A pattern matching every key resumeq owns (for scans in tools and tests).
 ALL_PATTERN = f"{PREFIX}:*"
+
+
+#: What a worker process calls each of its Redis connections (``CLIENT SETNAME``): the
+#: janitor reads ``CLIENT LIST`` to see which lease holders still have one.
+WORKER_CLIENT_PREFIX = f"{PREFIX}:worker:"
+
+
+def worker_client_name(worker: str) -> str:
+    """The connection name of worker ``worker`` (its name in lease tokens, ``host-pid``)."""
+    if not worker or not re.fullmatch(r"[!-~]+", worker):
+        raise ValueError(f"a worker name is printable, with no space: {worker!r}")
+    return f"{WORKER_CLIENT_PREFIX}{worker}"
+
+
+def worker_of_client(name: str) -> str | None:
+    """The worker a connection name names, or None (not a worker's connection)."""
+    if name.startswith(WORKER_CLIENT_PREFIX):
+        return name[len(WORKER_CLIENT_PREFIX) :] or None
+    return None

@@ -97,6 +97,9 @@ class PacedStream(httpcore.NetworkStream):
         self._drain_left = 0  # bytes still to read once draining
         #: Reads that found nothing waiting: each a wake-up (a sleep, a blocking wait or both).
         self.waits = 0
+        #: When the reader's patience ends (monotonic; None: the request's read timeout
+        #: alone): no read waits past it, however often bytes without content arrive.
+        self.deadline: float | None = None
 
     def pause_s(self) -> float:
         """The pause now: ``pause_s`` scaled by the streams being read."""
@@ -111,6 +114,10 @@ class PacedStream(httpcore.NetworkStream):
         return self._drain_left
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        if self.deadline is not None:
+            # A keep-alive restarts the socket's read timeout, not the reader's patience.
+            left = max(0.001, self.deadline - time.monotonic())
+            timeout = left if timeout is None else min(timeout, left)
         if self.draining:
             if self._drain_left <= 0 or not self._waiting():
                 return b""

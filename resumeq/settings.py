@@ -208,6 +208,10 @@ class JanitorSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     interval_s: float = Field(default=2.0, gt=0)
+    #: How often the janitor looks for lease holders whose Redis connections are all gone
+    #: (one ``CLIENT LIST``): a worker found gone twice, at least this far apart, has its
+    #: jobs reaped at once, without waiting for their leases to expire. 0: leases only.
+    liveness_interval_ms: int = Field(default=250, ge=0)
 
 
 class StoreSettings(BaseModel):

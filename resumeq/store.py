@@ -19,7 +19,7 @@ import secrets
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn, TypeVar, cast
@@ -48,6 +48,7 @@ from resumeq.models import (
     JobRecord,
     Lease,
     ResponsePosition,
+    lease_holder,
 )
 from resumeq.scripts import Scripts
 from resumeq.settings import StoreSettings
@@ -278,6 +279,24 @@ class Store:
         return self._write("cancel", job_keys, args, job_id)
 
     # -- background responses to stop at the provider ----------------------------------
+
+    def leases_held_by(self, workers: Collection[str]) -> dict[str, str]:
+        """Job id → fencing token of every lease held by one of ``workers`` (by the name in
+        its token): read when workers died, not on every check (O(leases), pipelined)."""
+        if not workers:
+            return {}
+        job_ids = [decode(j) for j in self._read("leases", lambda r: r.zrange(keys.LEASES, 0, -1))]
+        held: dict[str, str] = {}
+        for start in range(0, len(job_ids), 1000):
+            batch = job_ids[start : start + 1000]
+
+            def tokens(r: redis.Redis, batch: list[str] = batch) -> list[Any]:
+                return cast(list[Any], r.mget([keys.lease(j) for j in batch]))
+
+            for job_id, token in zip(batch, self._read("lease tokens", tokens), strict=True):
+                if token is not None and lease_holder(decode(token)) in workers:
+                    held[job_id] = decode(token)
+        return held
 
     def responses_to_stop(self, limit: int = 100) -> list[ResponseToStop]:
         """Background responses that may still be generating for nobody, oldest first."""
@@ -927,8 +946,9 @@ class Store:
 
     # -- janitor side --------------------------------------------------------------------
 
-    def reap(self, job_id: str, *, janitor: str, ttl_ms: int) -> ReapResult:
-        """Take over a running job whose lease is gone (``running`` → ``stalled``)."""
+    def reap(self, job_id: str, *, janitor: str, ttl_ms: int, dead_token: str = "") -> ReapResult:
+        """Take over a running job whose lease is gone (``running`` → ``stalled``), or
+        still held by ``dead_token``: an owner known dead before its lease expired."""
         job_keys = [
             keys.job(job_id),
             keys.lease(job_id),
@@ -942,6 +962,7 @@ class Store:
             _check_owner(janitor),
             request_id(),  # the nonce of the fencing token
             _positive(ttl_ms, "ttl_ms"),
+            dead_token,
         ]
         status, *rest = self._run("reap", job_keys, args, job_id, tries=WRITE_TRIES)
         if status == "ok":
@@ -1001,13 +1022,23 @@ class Store:
         return out
 
     def reap_many(
-        self, job_ids: Sequence[str], *, janitor: str, ttl_ms: int
+        self,
+        job_ids: Sequence[str],
+        *,
+        janitor: str,
+        ttl_ms: int,
+        dead_tokens: Mapping[str, str] | None = None,
     ) -> list[ReapResult | Exception]:
         """:meth:`reap` for many jobs in one round trip; for each, what it found or the
-        error (a :class:`~resumeq.errors.CorruptRecord` for a record that cannot be read)."""
+        error (a :class:`~resumeq.errors.CorruptRecord` for a record that cannot be read).
+        ``dead_tokens``: job id → the token of an owner known dead."""
+        dead = dead_tokens or {}
 
         def reap(job_id: str) -> Callable[[Store], object]:
-            return lambda store: store.reap(job_id, janitor=janitor, ttl_ms=ttl_ms)
+            token = dead.get(job_id, "")
+            return lambda store: store.reap(
+                job_id, janitor=janitor, ttl_ms=ttl_ms, dead_token=token
+            )
 
         calls = [self._plan(reap(job_id)) for job_id in job_ids]
         replies = iter(self._run_many([c for c in calls if isinstance(c, ScriptCall)], "reap"))

@@ -202,7 +202,11 @@ def test_with_redis_down_each_sweep_logs_one_line_and_the_pause_doubles_to_a_cap
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     server = RedisServer()  # stopped for most of the test, started once
-    settings = Settings(redis_url=server.url)
+    # The sweeps' pauses alone (no looks at the workers' connections between them).
+    settings = Settings(
+        redis_url=server.url,
+        file=ConfigFile.model_validate({"janitor": {"liveness_interval_ms": 0}}),
+    )
     sweeper = Janitor(build_context(settings))
     waits = Waits(7, {3: server.start, 4: server.stop})
     try:

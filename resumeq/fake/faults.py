@@ -36,7 +36,9 @@ class Fault(BaseModel):
       and no ``[DONE]`` / ``message_stop``.
     - ``malformed``: after ``after_tokens`` tokens send one event whose data is not valid JSON,
       then end the body.
-    - ``stall``: after ``after_tokens`` tokens send nothing for ``seconds``, then close.
+    - ``stall``: after ``after_tokens`` tokens send nothing for ``seconds``, then close; with
+      ``keepalive_s``, an SSE comment (``: keep-alive``) every that many seconds meanwhile,
+      as providers keep an idle stream open: bytes, no content.
     - ``error_event``: after ``after_tokens`` tokens send the wire's in-band error, then end.
     - ``status``: answer ``status`` at once with the wire's error body; ``retry_after`` (if
       set) goes into the ``Retry-After`` header, in seconds.
@@ -53,6 +55,7 @@ class Fault(BaseModel):
     status: int = Field(default=429, ge=400, le=599)
     retry_after: float | None = Field(default=None, ge=0)
     seconds: float = Field(default=30.0, ge=0)
+    keepalive_s: float | None = Field(default=None, gt=0)
     times: int = Field(default=1, ge=1)
     message: str | None = None
     #: Only a request whose messages contain this text takes the fault (others skip it).

@@ -52,6 +52,8 @@ def chunk(data: bytes) -> bytes:
 
 #: The terminating zero-length chunk: the body ends cleanly.
 END = b"0\r\n\r\n"
+#: An SSE comment: what providers send to keep an idle stream open.
+KEEPALIVE = b": keep-alive\n\n"
 
 
 def stream_steps(
@@ -115,5 +117,15 @@ def _apply(fmt: StreamFormat, fault: Fault, exchange: Exchange) -> Steps:
         yield END
         return True
     if fault.kind == "stall" and fault.seconds > 0:
-        yield fault.seconds  # ended early by a stop, it closes all the same
+        # Ended early by a stop, it closes all the same.
+        if fault.keepalive_s is None:
+            yield fault.seconds
+            return False
+        left = fault.seconds
+        while left > 0:
+            step = min(fault.keepalive_s, left)
+            yield step
+            left -= step
+            if left > 0:
+                yield chunk(KEEPALIVE)
     return False

@@ -216,6 +216,11 @@ class ProviderStream(ABC):
         try:
             yield from self._read()
         except httpx.TimeoutException:
+            if time.monotonic() >= self._deadline - 0.01:
+                raise Stalled(
+                    f"no content for {self._stall_timeout_s:g} s "
+                    "(no bytes, or only keep-alives and comments)"
+                ) from None
             raise Stalled(f"no bytes for {self._stall_timeout_s:g} s") from None
         except (httpx.DecodingError, SSEError) as exc:
             raise MalformedChunk(f"not a readable event stream: {exc}") from None
@@ -276,8 +281,12 @@ class ProviderStream(ABC):
                 )
 
     def _note_progress(self) -> None:
-        """The provider produced content: the progress deadline starts again."""
+        """The provider produced content: the progress deadline starts again (and the
+        connection's reads wait no longer than it, where they can be told)."""
         self._deadline = time.monotonic() + self._stall_timeout_s
+        paced = self._paced()
+        if paced is not None:
+            paced.deadline = self._deadline
 
     @abstractmethod
     def _on_event(self, sse: ServerSentEvent) -> Iterator[StreamEvent]:

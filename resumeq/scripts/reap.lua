@@ -5,6 +5,10 @@
 -- KEYS[5] running zset   KEYS[6] stalled zset
 -- ARGV[1] job id   ARGV[2] janitor id   ARGV[3] nonce (also the request id)
 -- ARGV[4] lease TTL (ms)
+-- ARGV[5] the fencing token of an owner known dead before its lease expired (its worker's
+--   connections all closed), or '': a lease still holding that token is taken over as if
+--   it had expired (a live owner's next write is refused: it stops, and the job goes on
+--   from its last checkpoint)
 -- Answers: {'ok', token, deadline, <job hash as field, value, ...>} | {'not_found'}
 --   | {'not_running', state} | {'alive', deadline} | {'corrupt', field}
 local job, lease, leases, events, running, stalled = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
@@ -37,7 +41,8 @@ if bad then
 end
 local now = now_ms()
 local pttl = redis.call('PTTL', lease)
-if pttl > 0 then
+local dead = ARGV[5] or ''
+if pttl > 0 and (dead == '' or redis.call('GET', lease) ~= dead) then
   local deadline = fmt(now + pttl)
   redis.call('ZADD', leases, deadline, id)
   return { 'alive', deadline }

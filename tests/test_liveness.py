@@ -1,0 +1,151 @@
+"""Dead workers found by their Redis connections, not only by their leases (SPEC §17):
+with the default 15 s lease, a SIGKILLed worker's jobs go on within about a second; a
+frozen one (its connections still open) waits for its leases; a connection that blips loses
+nothing and duplicates nothing."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from e2e_support import World, make_world, tokens
+
+from resumeq import keys
+from resumeq.fake import FakeProvider
+from resumeq.liveness import Liveness
+from resumeq.store import Store
+from resumeq.testing import RedisServer
+from resumeq.testing.processes import wait_for
+
+pytestmark = pytest.mark.timeout(90)
+
+W = keys.worker_client_name
+
+
+def test_a_worker_is_dead_after_two_misses_at_least_an_interval_apart() -> None:
+    seen = Liveness(interval_s=0.25)
+    assert seen.observe([W("a"), W("b"), "rq:worker:x", ""], now=0.0) == []
+    assert seen.observe([W("b")], now=0.25) == []  # a missed once
+    assert seen.observe([W("b")], now=0.3) == []  # too soon to count again
+    assert seen.observe([W("b")], now=0.5) == ["a"]
+    assert seen.observe([W("b")], now=0.75) == []  # found dead once
+    # A blip shorter than a read: back at the next one, nothing happens.
+    assert seen.observe([], now=1.0) == []
+    assert seen.observe([W("b")], now=1.25) == []
+    assert seen.observe([W("b")], now=1.5) == []
+    # A worker never seen (started and died between two reads) is left to its lease.
+    assert seen.observe([W("b")], now=1.75) == []
+    with pytest.raises(ValueError, match="no space"):
+        W("host 1")
+
+
+@pytest.fixture
+def world(
+    tmp_path: Path, real_store: Store, fake: FakeProvider, redis_server: RedisServer
+) -> Iterator[World]:
+    # The default lease: only the connections can find a dead worker within seconds.
+    yield from make_world(tmp_path, real_store, fake, redis_server.url, lease_ttl_ms=15_000)
+
+
+def resumed_after(world: World, job_id: str, spent: int) -> bool:
+    record = world.store.get(job_id)
+    return record.attempt >= 2 and record.spent_output_tokens > spent
+
+
+def test_sigkill_is_found_by_the_connections_long_before_the_lease(world: World) -> None:
+    world.fake.completion_tokens = 300
+    world.fake.token_delay_ms = 10
+    world.cluster.janitor()
+    a = world.cluster.worker(concurrency=4)
+    prompts = [f"Tell the story of harbour {i} [fake:mixed]" for i in range(4)]
+    ids = [world.enqueue(p) for p in prompts]
+    for job_id in ids:
+        world.wait_spent(job_id, 30)
+    world.cluster.worker(concurrency=4)
+    spent = {j: world.store.get(j).spent_output_tokens for j in ids}
+    a.kill()
+    killed = time.monotonic()
+    for job_id in ids:
+        wait_for(lambda j=job_id: resumed_after(world, j, spent[j]), timeout_s=10, what="resume")
+    took = time.monotonic() - killed
+    assert took < 5.0, took  # the lease has 15 s
+    for job_id, prompt in zip(ids, prompts, strict=True):
+        record = world.wait_state(job_id, {"done", "failed", "spilled", "abandoned"})
+        assert record.state.value == "done" and world.store.text(job_id) == world.canonical(prompt)
+        ledger = world.store.ledger(job_id)
+        assert ledger[0]["cut"] == "worker_died"
+        assert ledger[0]["detail"].startswith("its worker's Redis connections all closed")
+
+
+def test_a_frozen_worker_keeps_its_connections_and_is_found_by_its_lease(
+    tmp_path: Path, real_store: Store, fake: FakeProvider, redis_server: RedisServer
+) -> None:
+    for world in make_world(tmp_path, real_store, fake, redis_server.url, lease_ttl_ms=3_000):
+        fake.completion_tokens = 400
+        fake.token_delay_ms = 10
+        world.cluster.janitor()
+        a = world.cluster.worker()
+        prompt = "A frozen worker's story"
+        job_id = world.enqueue(prompt)
+        world.wait_spent(job_id, 30)
+        a.signal_group(signal.SIGSTOP)
+        try:
+            time.sleep(1.5)  # six looks at the connections: still there
+            assert world.store.get(job_id).state.value == "running"
+            world.cluster.worker()
+            record = world.wait_state(job_id, {"done"}, timeout_s=30)  # by its lease
+        finally:
+            a.signal_group(signal.SIGCONT)
+        assert world.store.text(job_id) == world.canonical(prompt)
+        assert world.store.ledger(job_id)[0]["detail"].startswith("lease expired")
+        assert record.state.value == "done"
+
+
+def client_lists(r: redis.Redis) -> int:
+    stats: dict[str, Any] = r.info("commandstats")
+    return int(stats.get("cmdstat_client|list", {}).get("calls", 0))
+
+
+def test_the_check_is_one_client_list_per_look_whatever_the_jobs(world: World) -> None:
+    world.fake.completion_tokens = 2_000
+    world.fake.token_delay_ms = 10
+    world.cluster.worker(concurrency=20)
+    ids = [world.enqueue(f"Many streams {i}") for i in range(20)]
+    for job_id in ids:
+        world.wait_spent(job_id, 10)
+    r = world.store.redis
+    world.cluster.janitor()
+    time.sleep(1.0)  # started
+    before, started = client_lists(r), time.monotonic()
+    time.sleep(2.0)
+    looks = client_lists(r) - before
+    elapsed = time.monotonic() - started
+    # One every 250 ms: about 8 in 2 s (not one per job: 160).
+    assert 4 <= looks <= elapsed / 0.25 + 3, looks
+    for job_id in ids:
+        world.store.cancel(job_id)
+
+
+def test_a_connection_that_blips_loses_nothing_and_duplicates_nothing(world: World) -> None:
+    world.fake.completion_tokens = 600
+    world.fake.token_delay_ms = 5
+    world.cluster.janitor()
+    world.cluster.worker(concurrency=2)
+    prompt = "A blip in the middle [fake:mixed]"
+    job_id = world.enqueue(prompt)
+    world.wait_spent(job_id, 100)
+    r = world.store.redis
+    for client in r.client_list(_type="normal"):
+        if keys.worker_of_client(str(client.get("name", ""))):
+            r.client_kill_filter(_id=client["id"])
+    record = world.wait_state(job_id, {"done", "failed", "spilled", "abandoned"})
+    text = world.store.text(job_id)
+    assert record.state.value == "done" and text == world.canonical(prompt)
+    # The provider billed at most the text and one checkpoint's worth again.
+    billed = sum(e["output_tokens_billed"] for e in world.requests_for(prompt))
+    assert tokens(text) <= billed <= tokens(text) + 8 + 8

@@ -4,7 +4,10 @@ store over it; contract tests run the store a second time on fakeredis."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import fakeredis
 import pytest
@@ -15,11 +18,43 @@ from resumeq.fake import FakeProvider
 from resumeq.fake.background import WINDOW_S
 from resumeq.store import Store
 from resumeq.testing import RedisServer
+from resumeq.testing.processes import descendants
 
 # ``HYPOTHESIS_PROFILE=thorough pytest tests/test_counting.py``: many more examples, for a
 # change to the pure decision logic (the suite runs the default number).
 settings.register_profile("thorough", max_examples=5_000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+#: How long a test's threads and processes may take to end once it is torn down.
+LEAK_GRACE_S = 3.0
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # gone
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind() -> Iterator[None]:
+    """A test leaves no thread, timer or process of its own behind: what it started has
+    ended once it (and its fixtures) are torn down. What the session's and modules'
+    fixtures run was started before this fixture and is not counted."""
+    threads = set(threading.enumerate())
+    processes = set(descendants(os.getpid()))
+    yield
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while True:
+        left = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
+        born = [p for p in descendants(os.getpid()) if p not in processes and not _zombie(p)]
+        if not (left or born) or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    assert not left, f"threads left running: {[t.name for t in left]}"
+    assert not born, f"processes left running: {born}"
 
 
 @pytest.fixture(scope="session")

@@ -114,6 +114,7 @@ class Janitor:
         self.name = f"janitor-{ctx.name}"
         self._last_registry_clean = 0.0
         self._liveness = Liveness(ctx.settings.file.janitor.liveness_interval_ms / 1000.0)
+        self._last_look = float("-inf")
 
     def sweep(self) -> SweepReport:
         report = SweepReport()
@@ -210,14 +211,18 @@ class Janitor:
             return
         until = time.monotonic() + seconds
         while not stop.is_set():
-            try:
-                self.check_liveness()
-            except ResumeqError as exc:  # Redis unreachable: the next sweep says it, once
-                log.debug("%s: liveness check failed: %s", self.name, exc)
-            left = until - time.monotonic()
+            now = time.monotonic()
+            if now - self._last_look >= every_s:
+                self._last_look = now
+                try:
+                    self.check_liveness()
+                except ResumeqError as exc:  # Redis unreachable: the next sweep says it
+                    log.debug("%s: liveness check failed: %s", self.name, exc)
+            now = time.monotonic()
+            left = until - now
             if left <= 0:
                 return
-            stop.wait(min(every_s, left))
+            stop.wait(min(self._last_look + every_s - now, left))
 
     def _safe(self, report: SweepReport, fn: Callable[[*Ts], R], *args: *Ts) -> R | None:
         """Run one step of a sweep: a failure is logged as one line (a traceback only for

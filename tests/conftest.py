@@ -16,6 +16,7 @@ from hypothesis import settings
 
 from resumeq.fake import FakeProvider
 from resumeq.fake.background import WINDOW_S
+from resumeq.fake.server import THREAD_NAME
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import descendants
@@ -28,14 +29,35 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 #: How long a test's threads and processes may take to end once it is torn down.
 LEAK_GRACE_S = 3.0
+#: Threads a longer-lived fixture's event loop starts when first needed and keeps: its
+#: default executor's (a test's own loop shuts them down when it closes).
+KEPT_THREADS = ("asyncio_",)
 
 
-def _zombie(pid: int) -> bool:
+#: The session's fake provider: its connections are the tests' own, and end with them.
+_SESSION_FAKES: set[str] = set()
+
+
+def _kept(thread: threading.Thread, before: set[str]) -> bool:
+    """A thread that belongs to something longer-lived than the test: a default executor's,
+    or a connection of a module's fake provider from that module's own worker processes
+    (kept alive across its tests)."""
+    if thread.name.startswith(KEPT_THREADS):
+        return True
+    server, _, conn = thread.name.rpartition(":")
+    return conn == "conn" and server in before and server not in _SESSION_FAKES
+
+
+def _ended(pid: int) -> bool:
+    """Gone, a zombie, or multiprocessing's resource tracker (one per interpreter, started
+    with the first semaphore and kept on purpose)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
-        return True  # gone
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        return True
+    tracker = b"multiprocessing.resource_tracker" in command
+    return tracker or stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 @pytest.fixture(autouse=True)
@@ -44,12 +66,17 @@ def nothing_left_behind() -> Iterator[None]:
     ended once it (and its fixtures) are torn down. What the session's and modules'
     fixtures run was started before this fixture and is not counted."""
     threads = set(threading.enumerate())
+    servers = {t.name for t in threads}
     processes = set(descendants(os.getpid()))
     yield
     deadline = time.monotonic() + LEAK_GRACE_S
     while True:
-        left = [t for t in threading.enumerate() if t not in threads and t.is_alive()]
-        born = [p for p in descendants(os.getpid()) if p not in processes and not _zombie(p)]
+        left = [
+            t
+            for t in threading.enumerate()
+            if t not in threads and t.is_alive() and not _kept(t, servers)
+        ]
+        born = [p for p in descendants(os.getpid()) if p not in processes and not _ended(p)]
         if not (left or born) or time.monotonic() >= deadline:
             break
         time.sleep(0.05)
@@ -83,8 +110,10 @@ def real_store(redis_client: redis.Redis) -> Store:
 
 
 @pytest.fixture(params=["redis-server", "fakeredis"])
-def store(request: pytest.FixtureRequest) -> Iterator[Store]:
-    """The store on a real redis-server, then on fakeredis (the embedded demo's Redis)."""
+def store(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[Store]:
+    """The store on a real redis-server, then on fakeredis (the embedded demo's Redis). The
+    session's redis-server is asked for either way: started before the test, never during
+    it (what a test starts, it must stop)."""
     if request.param == "redis-server":
         yield Store(request.getfixturevalue("redis_client"))
         return
@@ -98,6 +127,7 @@ def store(request: pytest.FixtureRequest) -> Iterator[Store]:
 @pytest.fixture(scope="session")
 def fake_server() -> Iterator[FakeProvider]:
     with FakeProvider() as server:
+        _SESSION_FAKES.add(f"{THREAD_NAME}:{server.port}")
         yield server
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -27,8 +28,9 @@ PROMPT = "Describe a tide pool at dawn."
 
 
 @pytest.fixture
-def sdk(fake: FakeProvider) -> openai.OpenAI:
-    return openai.OpenAI(base_url=fake.openai_base_url, api_key="k", max_retries=0)
+def sdk(fake: FakeProvider) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=fake.openai_base_url, api_key="k", max_retries=0) as client:
+        yield client
 
 
 def canonical(fake: FakeProvider, prompt: str = PROMPT) -> str:

@@ -23,7 +23,7 @@ from resumeq.fake.faults import Fault
 from resumeq.fake.journal import Exchange
 from resumeq.fake.llamacpp import llamacpp_tokenize
 from resumeq.fake.openai_wire import OpenAIWire
-from resumeq.fake.pacer import Pacer, run_inline
+from resumeq.fake.pacer import Pacer, pause, run_inline
 from resumeq.fake.plan import Plan, plan
 from resumeq.fake.responses_wire import ResponsesWire
 from resumeq.fake.state import FakeState
@@ -367,7 +367,8 @@ class FakeHandler(BaseHTTPRequestHandler):
             whole = following.rstrip(b"\n")
             self.wfile.write(chunk(whole[: len(whole) // 2] + b"\n\n"))
         elif fault.kind == "stall" and fault.seconds > 0:
-            self.state.stopped.wait(fault.seconds)
+            with contextlib.suppress(OSError):  # the client went: so does the stall
+                pause(fault.seconds, self.state.stopped, self.connection)
         if fault.kind in ("truncate", "malformed", "sequence_repeat"):
             self.wfile.write(END)
         else:
@@ -441,7 +442,7 @@ class FakeHandler(BaseHTTPRequestHandler):
                     self.connection, steps, self.wfile.write, call.exchange
                 )
             else:
-                keep = run_inline(steps, self.wfile.write, self.state.stopped)
+                keep = run_inline(steps, self.wfile.write, self.state.stopped, self.connection)
         except OSError:  # the client hung up, or the server did (stop)
             gone = "server_stopped" if self.state.stopped.is_set() else "client_gone"
             call.exchange.outcome, keep = gone, False
@@ -470,7 +471,8 @@ class FakeHandler(BaseHTTPRequestHandler):
             exchange.status = 200
         else:
             if fault.kind == "stall":
-                self.state.stopped.wait(fault.seconds)
+                with contextlib.suppress(OSError):  # the client went: so does the stall
+                    pause(fault.seconds, self.state.stopped, self.connection)
             self._drop()
 
     def _send_broken_json(self, data: bytes, *, truncate: bool) -> None:

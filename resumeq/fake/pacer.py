@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import select
 import selectors
 import socket
 import threading
@@ -31,10 +32,19 @@ from resumeq.fake.cpu import CpuMeter
 from resumeq.fake.journal import Exchange
 from resumeq.fake.stream import Steps
 
+#: How often a pause (a stall) looks whether its client went away.
+GONE_POLL_S = 0.05
 
-def run_inline(steps: Steps, write: Callable[[bytes], object], stopped: threading.Event) -> bool:
+
+def run_inline(
+    steps: Steps,
+    write: Callable[[bytes], object],
+    stopped: threading.Event,
+    sock: socket.socket | None = None,
+) -> bool:
     """Send ``steps`` from the calling thread, blocking; True when the connection may be kept
-    alive. An error writing (the client hung up) is raised."""
+    alive. An error writing (the client hung up) is raised, and so is a client that hung up
+    during a pause (a stall ends with its client, as a server's handler would)."""
     resume: bool | None = None
     try:
         while True:
@@ -43,11 +53,40 @@ def run_inline(steps: Steps, write: Callable[[bytes], object], stopped: threadin
                 write(step)
                 resume = None
             else:
-                resume = stopped.wait(step)
+                resume = pause(step, stopped, sock)
     except StopIteration as end:
         return bool(end.value)
     finally:
         steps.close()
+
+
+def pause(seconds: float, stopped: threading.Event, sock: socket.socket | None) -> bool:
+    """Wait ``seconds``; True if the server stopped meanwhile. A client that went away
+    ends it with a :class:`ConnectionResetError`."""
+    if sock is None:
+        return stopped.wait(seconds)
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if stopped.wait(min(left, GONE_POLL_S)):
+            return True
+        if _gone(sock):
+            raise ConnectionResetError("the client went away during a pause")
+
+
+def _gone(sock: socket.socket) -> bool:
+    """Whether the peer closed ``sock`` (readable, with nothing to read)."""
+    try:
+        ready, _, _ = select.select([sock], [], [], 0)
+        if not ready:
+            return False
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 class _Stream:
@@ -137,7 +176,7 @@ class Pacer:
             if taken:
                 self._incoming.append(stream)
         if not taken:
-            return run_inline(steps, write, self._stopped)
+            return run_inline(steps, write, self._stopped, sock)
         self._wake()
         stream.done.wait()
         if stream.error is not None:

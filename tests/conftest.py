@@ -48,6 +48,25 @@ def _kept(thread: threading.Thread, before: set[str]) -> bool:
     return conn == "conn" and server in before and server not in _SESSION_FAKES
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _of_an_elder(pid: int, before: set[int]) -> bool:
+    """Whether ``pid`` was started by a process that was there before the test (a module's
+    browser opening a renderer for a page): that process's, not the test's."""
+    me = os.getpid()
+    parent = _parent(pid)
+    while parent is not None and parent != me:
+        if parent in before:
+            return True
+        parent = _parent(parent)
+    return False
+
+
 def _ended(pid: int) -> bool:
     """Gone, a zombie, or multiprocessing's resource tracker (one per interpreter, started
     with the first semaphore and kept on purpose)."""
@@ -76,7 +95,11 @@ def nothing_left_behind() -> Iterator[None]:
             for t in threading.enumerate()
             if t not in threads and t.is_alive() and not _kept(t, servers)
         ]
-        born = [p for p in descendants(os.getpid()) if p not in processes and not _ended(p)]
+        born = [
+            p
+            for p in descendants(os.getpid())
+            if p not in processes and not _ended(p) and not _of_an_elder(p, processes)
+        ]
         if not (left or born) or time.monotonic() >= deadline:
             break
         time.sleep(0.05)

@@ -218,6 +218,7 @@ class Janitor:
                     self.check_liveness()
                 except ResumeqError as exc:  # Redis unreachable: the next sweep says it
                     log.debug("%s: liveness check failed: %s", self.name, exc)
+                    self._liveness.forget()
             now = time.monotonic()
             left = until - now
             if left <= 0:

@@ -54,3 +54,10 @@ class Liveness:
             else:
                 self.missed[worker] = (count, now)
         return dead
+
+    def forget(self) -> None:
+        """Start again from nothing (the janitor lost Redis: a restart or a partition drops
+        every connection, and workers reconnect at their own pace; none is taken for dead
+        until it has been seen again)."""
+        self.seen.clear()
+        self.missed.clear()

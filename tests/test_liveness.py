@@ -40,6 +40,10 @@ def test_a_worker_is_dead_after_two_misses_at_least_an_interval_apart() -> None:
     assert seen.observe([W("b")], now=1.5) == []
     # A worker never seen (started and died between two reads) is left to its lease.
     assert seen.observe([W("b")], now=1.75) == []
+    # The janitor lost Redis (a restart drops every connection): nobody is taken for dead
+    # until seen again and then missed twice.
+    seen.forget()
+    assert seen.observe([], now=2.0) == [] and seen.observe([], now=2.5) == []
     with pytest.raises(ValueError, match="no space"):
         W("host 1")
 

@@ -111,3 +111,18 @@ def make_world(
 
 def tokens(text: str) -> int:
     return count_tokens(text)
+
+
+def background_exchanges(fake: FakeProvider, prompt: str) -> dict[str, list[dict[str, Any]]]:
+    """The provider's journal for one job on the Responses wire: the responses it created,
+    and of those the status reads, the stream reads and the cancels."""
+    journal = fake.journal(settle_s=2)
+    created = [e for e in journal if e["path"] == "/v1/responses" and prompt in str(e["body"])]
+    ids = {e["response"]["id"] for e in created if isinstance(e.get("response"), dict)}
+    mine = [e for e in journal if any(f"/v1/responses/{i}" in e["path"] for i in ids)]
+    return {
+        "created": created,
+        "status": [e for e in mine if not e["stream"] and e["outcome"] == "retrieved"],
+        "streamed": [e for e in mine if e["stream"]],
+        "cancelled": [e for e in mine if e["path"].endswith("/cancel")],
+    }

@@ -24,7 +24,9 @@ from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Proc, descendants, wait_for
 
-pytestmark = pytest.mark.timeout(150)
+# CPU-bound (50 streams a process, bounds on what a busy process leaves unread): never
+# beside another such test (``--dist loadgroup`` runs a group on one worker).
+pytestmark = [pytest.mark.timeout(150), pytest.mark.xdist_group("cpu-heavy")]
 
 FLUSH_TOKENS = 8
 

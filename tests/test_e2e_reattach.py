@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import World, make_world
+from e2e_support import World, background_exchanges, make_world
 
 from resumeq.fake import FakeProvider
 from resumeq.store import Store
@@ -35,16 +35,7 @@ def enqueue(world: World, prompt: str = PROMPT) -> str:
 
 
 def journal_of(world: World, prompt: str = PROMPT) -> dict[str, list[dict[str, Any]]]:
-    journal = world.fake.journal(settle_s=2)
-    created = [e for e in journal if e["path"] == "/v1/responses" and prompt in str(e["body"])]
-    ids = {e["response"]["id"] for e in created if isinstance(e.get("response"), dict)}
-    mine = [e for e in journal if any(f"/v1/responses/{i}" in e["path"] for i in ids)]
-    return {
-        "created": created,
-        "status": [e for e in mine if not e["stream"] and e["outcome"] == "retrieved"],
-        "streamed": [e for e in mine if e["stream"]],
-        "cancelled": [e for e in mine if e["path"].endswith("/cancel")],
-    }
+    return background_exchanges(world.fake, prompt)
 
 
 def canonical(world: World, prompt: str = PROMPT) -> str:

@@ -14,7 +14,7 @@ from resumeq.fake import FakeProvider
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("cpu-heavy")]
 
 
 @pytest.fixture

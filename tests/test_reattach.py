@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from e2e_support import background_exchanges
 from worker_support import attempt_runner, run_to_rest
 
 from resumeq.continuation import plan_reattach
@@ -51,17 +52,7 @@ def create(store: Store, prompt: str = PROMPT, **over: Any) -> str:
 
 
 def exchanges(fake: FakeProvider, prompt: str = PROMPT) -> dict[str, list[dict[str, Any]]]:
-    """The provider's journal for one job: its creates, status reads and stream reads."""
-    journal = fake.journal(settle_s=2)
-    created = [e for e in journal if e["path"] == "/v1/responses" and prompt in str(e["body"])]
-    ids = {e["response"]["id"] for e in created if isinstance(e.get("response"), dict)}
-    mine = [e for e in journal if any(f"/v1/responses/{i}" in e["path"] for i in ids)]
-    return {
-        "created": created,
-        "status": [e for e in mine if not e["stream"] and e["outcome"] == "retrieved"],
-        "streamed": [e for e in mine if e["stream"]],
-        "cancelled": [e for e in mine if e["path"].endswith("/cancel")],
-    }
+    return background_exchanges(fake, prompt)
 
 
 def configure(fake: FakeProvider, **body: Any) -> None:

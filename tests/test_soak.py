@@ -9,6 +9,7 @@ from resumeq.testing.soak import SoakConfig, run_soak
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.xdist_group("cpu-heavy")
 def test_short_chaos_soak_loses_nothing() -> None:
     result = run_soak(
         SoakConfig(

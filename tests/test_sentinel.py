@@ -4,7 +4,9 @@ each way it can be misconfigured is one line naming which."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,3 +115,33 @@ def test_each_misconfiguration_is_one_line_naming_it(sentinel: int) -> None:
         with pytest.raises(redis.ConnectionError, match=message) as caught:
             check_sentinel(target, timeout_s=1.0)
         assert "\n" not in str(caught.value)
+
+
+def test_the_command_line_names_what_is_wrong_in_one_line(sentinel: int) -> None:
+    closed = free_port()
+    for url, message in [
+        (f"redis+sentinel://127.0.0.1:{closed}/mymaster", "no sentinel answers"),
+        (f"redis+sentinel://:right@127.0.0.1:{sentinel}/other", "no sentinel"),
+        (f"redis+sentinel://:wrong@127.0.0.1:{sentinel}/mymaster", "refuses the credentials"),
+        ("redis+sentinel://127.0.0.1/mymaster", "is not host:port"),
+    ]:
+        out = subprocess.run(
+            [sys.executable, "-m", "resumeq", "status", "some-job"],
+            env={**os.environ, "RESUMEQ_REDIS_URL": url},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+        assert out.returncode != 0 and message in out.stderr, (url, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    good = f"redis+sentinel://:right@127.0.0.1:{sentinel}/mymaster"
+    out = subprocess.run(
+        [sys.executable, "-m", "resumeq", "status", "some-job"],
+        env={**os.environ, "RESUMEQ_REDIS_URL": good},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert "no job some-job" in out.stderr, out.stderr  # it reached the primary

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import click
+import redis
 
 from resumeq import audit
+from resumeq.connection import check_sentinel, parse_sentinel_url
 from resumeq.errors import ConfigError, JobNotFound, ResumeqError
 from resumeq.settings import Settings, load_settings
 from resumeq.store import Store, redis_errors
@@ -38,7 +40,9 @@ class Context:
     @property
     def settings(self) -> Settings:
         if self._settings is None:
-            self._settings = load_settings(redis_url=self._redis_url, config_path=self._config)
+            settings = load_settings(redis_url=self._redis_url, config_path=self._config)
+            _check_sentinels(settings.redis_url)
+            self._settings = settings
         return self._settings
 
     @property
@@ -73,6 +77,19 @@ def _fail(message: str, code: int = EXIT_ERROR) -> None:
     for line in message.splitlines() or [message]:
         click.echo(f"resumeq: {line}", err=True)
     sys.exit(code)
+
+
+def _check_sentinels(url: str) -> None:
+    """A Sentinel URL's deployment is asked once, at the start: what is wrong with it is
+    one line naming which (no sentinel answers, no service of that name, a primary that
+    refuses the credentials), not a traceback at the first command."""
+    target = parse_sentinel_url(url)
+    if target is None:
+        return
+    try:
+        check_sentinel(target)
+    except redis.ConnectionError as exc:
+        raise ConfigError(f"RESUMEQ_REDIS_URL: {exc}") from None
 
 
 def reports_errors(fn: Callable[P, R]) -> Callable[P, R]:

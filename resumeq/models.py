@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
@@ -216,12 +217,12 @@ class FlushResult(BaseModel):
     prefix_bytes: int
 
 
-class ResponsePosition(BaseModel):
+@dataclass(frozen=True, slots=True)
+class ResponsePosition:
     """Where an attempt stands in a provider's background response: its id, the last event
     whose output the stored text includes (None: the text matches no event, as while a
-    continuation's seam is open), and the provider and model it was made for."""
-
-    model_config = ConfigDict(frozen=True)
+    continuation's seam is open), and the provider and model it was made for. A plain
+    dataclass: one is made per delta read."""
 
     response_id: str
     sequence: int | None

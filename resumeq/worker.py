@@ -11,6 +11,7 @@ written by the same script.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import random
 import threading
@@ -140,6 +141,11 @@ class _Call:
     #: and that response's output tokens the cursor had not counted (billed, never read).
     reattach_refused: str = ""
     carried: int = 0
+
+    @functools.cached_property
+    def made_for(self) -> str:
+        """What this attempt's background responses are made for (see :func:`made_for`)."""
+        return made_for(self.record.spec.provider, self.record.spec.model)
 
 
 def run_attempt(job_id: str) -> str:
@@ -416,11 +422,10 @@ class AttemptRunner:
         no event of it)."""
         if not call.profile.background or stream.response_id is None:
             return
-        spec = call.record.spec
         call.ckpt.response = ResponsePosition(
             response_id=stream.response_id,
             sequence=stream.sequence if call.splicer.passing and not stream.holding else None,
-            made_for=made_for(spec.provider, spec.model),
+            made_for=call.made_for,
         )
 
     def _cancel_response(self, call: _Call, why: str) -> None:

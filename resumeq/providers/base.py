@@ -464,8 +464,8 @@ class ProviderClient(ABC):
     def cancel(self, response_id: str) -> bool:
         """Stop a response the provider keeps generating for nobody (a background response
         of the Responses API); answers whether it was stopped. A wire that keeps none has
-        nothing to stop."""
-        raise NotImplementedError(f"{type(self).__name__} keeps no responses to cancel")
+        nothing to stop: it answers False."""
+        return False
 
     @abstractmethod
     def headers(self) -> dict[str, str]:

@@ -8,6 +8,12 @@ kept and the next delta tries again; once the lease would have expired the attem
 flush whose reply was lost is sent again unchanged, with its request id, and answers as
 it did if it had been applied: never written twice.
 
+A Redis failover can lose the last checkpoints (with ``[store] durability = "primary"``
+the old primary acknowledged them before its replica had them): the next flush finds the
+job at an older revision of this same attempt. The checkpointer keeps what each of its
+flushes wrote, and writes the lost ones again, with what is pending, in one flush: the
+tokens are not bought twice.
+
 Tokens counted chunk by chunk are a lower bound (see :mod:`resumeq.counting`); the last
 write, :meth:`Checkpointer.settle`, raises them to the attempt's total and labels it exact
 or an estimate. No write ever lowers the cursor.
@@ -20,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from resumeq.errors import LeaseLost, RedisUnavailable
+from resumeq.errors import LeaseLost, RedisUnavailable, StaleRevision
 from resumeq.metrics import Histogram
 from resumeq.models import Lease, ResponsePosition
 from resumeq.store import Store, request_id
@@ -42,6 +48,18 @@ class _Batch:
     #: Where the batch ends in a background response (None: it comes from none).
     response: ResponsePosition | None = None
     request: str = field(default_factory=request_id)
+
+
+@dataclass(frozen=True)
+class _Written:
+    """One applied flush, kept until the attempt ends: what it wrote and the revision and
+    text length it left, to write it again if a failover loses it."""
+
+    revision: int
+    prefix_bytes: int
+    text: str
+    tokens: int
+    hidden_bytes: int
 
 
 class Checkpointer:
@@ -87,6 +105,8 @@ class Checkpointer:
         #: one: set before each :meth:`add`, written with the text it goes with.
         self.response: ResponsePosition | None = None
         self._written_response: ResponsePosition | None = None
+        #: This attempt's applied flushes, oldest first.
+        self._history: list[_Written] = []
 
     @property
     def pending_tokens(self) -> int:
@@ -170,8 +190,12 @@ class Checkpointer:
                 self._inflight = batch
                 self._unreachable(exc)
                 return False
+            except StaleRevision as exc:
+                if not self._lost_to_a_failover(exc):
+                    raise
+                continue
             self.latency.observe(time.perf_counter() - began)
-            self._written(batch, revision=result.revision)
+            self._written(batch, revision=result.revision, prefix_bytes=result.prefix_bytes)
             if not retry:
                 return True
 
@@ -192,8 +216,54 @@ class Checkpointer:
             return None
         return batch
 
-    def _written(self, batch: _Batch, *, revision: int) -> None:
+    def _lost_to_a_failover(self, exc: StaleRevision) -> bool:
+        """Whether the job went back to one of this attempt's own checkpoints — what a
+        failover that lost the last ones leaves — and those were made pending again, in
+        front of what was, to be written at the job's revision. Anything else (another
+        writer moved the job) is a refusal."""
+        lost = [w for w in self._history if w.revision > exc.current]
+        kept = self._history[: len(self._history) - len(lost)]
+        if not lost or exc.current >= exc.expected:
+            return False
+        at = kept[-1].prefix_bytes if kept else lost[0].prefix_bytes - len(lost[0].text.encode())
+        start = kept[-1].revision if kept else lost[0].revision - 1
+        if start != exc.current:
+            return False
+        try:
+            revision, size = self.store.text_size(self.lease.job_id)
+        except RedisUnavailable as unreachable:
+            self._unreachable(unreachable)
+            return False
+        if (revision, size) != (exc.current, at):
+            return False
+        text = [w.text for w in lost if w.text]
+        tokens = sum(w.tokens for w in lost)
+        self._pending_text[:0] = text
+        self._pending_tokens += tokens
+        self._pending_hidden += sum(w.hidden_bytes for w in lost)
+        self.flushed_tokens -= tokens
+        self.flushed_chars -= sum(len(t) for t in text)
+        self.flushed_bytes -= sum(len(t.encode()) for t in text)
+        self.flushes -= len(lost)
+        self.revision = exc.current
+        self._inflight = None
+        self._written_response = None
+        del self._history[len(kept) :]
+        log.warning(
+            "job %s: %d checkpoint(s) lost (a Redis failover: revision %d, not %d); "
+            "writing them again",
+            self.lease.job_id,
+            len(lost),
+            exc.current,
+            exc.expected,
+        )
+        return True
+
+    def _written(self, batch: _Batch, *, revision: int, prefix_bytes: int) -> None:
         written = self._pending_text[: batch.items]
+        self._history.append(
+            _Written(revision, prefix_bytes, "".join(written), batch.tokens, batch.hidden_bytes)
+        )
         del self._pending_text[: batch.items]
         self._pending_tokens -= batch.consumed
         self._pending_hidden -= batch.hidden_bytes

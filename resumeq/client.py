@@ -140,6 +140,13 @@ class EventCursor:
         self._seen = after  # the last revision accounted for
         self._stream = keys.events(job_id)
         self._last_id = "0-0"
+        #: Events read but not shown yet: a checkpoint written with replica durability
+        #: (``held``) and everything after it, until a ``durable`` marker at its revision
+        #: or later says a replica holds it. A reader that fails (a failover) drops them:
+        #: whoever reads again from the last revision shown reads them from the new primary,
+        #: or, if they were lost, the text that replaced them.
+        self._held: list[tuple[int, dict[str, str]]] = []
+        self._durable = 0
         self._stops = RESTING_STATES if stop_at_spill else _ENDING_STATES
 
     #: The job hash fields :meth:`idle` needs.
@@ -182,6 +189,12 @@ class EventCursor:
         for entry_id, raw in reply[0][1] if reply else ():
             fields = {decode(k): decode(v) for k, v in raw.items()}
             revision = int(fields["rev"])
+            if "durable" in fields:  # a replica holds everything up to revision
+                self._last_id = decode(entry_id)
+                self._durable = max(self._durable, revision)
+                if self._release(taken):
+                    break
+                continue
             if revision > self._seen + 1:
                 self.gap = True  # read this entry again after the fill
                 break
@@ -189,11 +202,30 @@ class EventCursor:
             if revision <= self._seen:
                 continue
             self._seen = revision
-            taken.append((revision, fields))
-            if fields.get("state") in self._stops:
-                self.ended = True
+            if self._held or (fields.get("held") == "1" and revision > self._durable):
+                self._held.append((revision, fields))  # shown once a replica holds it
+                continue
+            if self._take(revision, fields, taken):
                 break
         return taken
+
+    def _take(
+        self, revision: int, fields: dict[str, str], taken: list[tuple[int, dict[str, str]]]
+    ) -> bool:
+        """Hand the event on; True if the reader stops at it."""
+        taken.append((revision, fields))
+        if fields.get("state") in self._stops:
+            self.ended = True
+        return self.ended
+
+    def _release(self, taken: list[tuple[int, dict[str, str]]]) -> bool:
+        """Hand on the held events a replica now holds, in order; True if the reader
+        stops at one of them."""
+        while self._held and self._held[0][0] <= self._durable:
+            if self._take(*self._held.pop(0), taken):
+                self._held.clear()
+                return True
+        return False
 
     def fill(self, record: JobRecord, text: str) -> list[tuple[int, dict[str, str]]]:
         """From a snapshot of a job whose events are gone (``record`` and its ``text``):

@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 #: The longest RQ's blocking pop waits for a job before the loop looks around again (a
 #: signal is acted on within it). Whole seconds before Redis 6.
 DEQUEUE_WAIT_S = 0.25
+#: The pause before the loop tries again when Redis does not answer its bookkeeping.
+REDIS_RETRY_S = 0.5
 #: RQ's heartbeats for the worker, its executions and their jobs, this often.
 HEARTBEAT_INTERVAL_S = 15.0
 #: How often the worker publishes its load (:meth:`ConcurrentWorker._publish_load`).
@@ -224,7 +226,15 @@ class ConcurrentWorker(BaseWorker):
             self._due = DueScheduler(self.connection, name=f"resumeq-due:{self.name}").start()
             self._install_signal_handlers()
             while not self._stop_requested:
-                started = self._step(burst)
+                try:
+                    started = self._step(burst)
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    # RQ's bookkeeping (suspension, heartbeats, state) met an outage or a
+                    # failover: the attempts in flight ride it out on their own; so does
+                    # the loop.
+                    self.log.error("Worker %s: cannot reach Redis (%s), retrying", self.name, exc)
+                    time.sleep(REDIS_RETRY_S)
+                    continue
                 if started is None:
                     break
                 ran += started

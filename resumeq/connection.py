@@ -15,6 +15,7 @@ from urllib.parse import unquote
 
 import redis
 import redis.asyncio
+import redis.asyncio.sentinel
 import redis.sentinel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
@@ -51,7 +52,24 @@ def connect(
 def connect_async(url: str, **options: Any) -> redis.asyncio.Redis:
     """The asyncio counterpart of :func:`connect`: bytes mode, never re-sends a command by
     itself. Connects on first use (no running event loop needed to build it). Raises
-    ``ValueError`` for a URL redis-py cannot read."""
+    ``ValueError`` for a URL redis-py cannot read; a ``redis+sentinel://`` URL's client
+    follows a failover, as :func:`connect`'s does."""
+    target = parse_sentinel_url(url)
+    if target is not None:
+        timeout = options.get("socket_connect_timeout") or options.get("socket_timeout") or 2.0
+        sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            list(target.sentinels), sentinel_kwargs={"socket_timeout": timeout}
+        )
+        client = sentinel.master_for(
+            target.service,
+            db=target.db,
+            username=target.username,
+            password=target.password,
+            retry=AsyncRetry(NoBackoff(), 0),
+            **options,
+        )
+        assert isinstance(client, redis.asyncio.Redis)
+        return client
     return redis.asyncio.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **options)
 
 

@@ -25,6 +25,7 @@ into resumeq, and never leak past that boundary::
     │   └── UnreadableCount         a counting endpoint answered something that is no count
     └── StoreError                  the job store refused or failed an operation
         ├── RedisUnavailable        Redis could not be reached (connection, timeout)
+        │   └── ReplicaLagging          no replica acknowledged a write in time (durability)
         ├── JobNotFound             no job record under that id
         ├── CorruptRecord           a job record that cannot be read back
         ├── IdempotencyConflict     the idempotency key belongs to a job with another prompt
@@ -93,6 +94,12 @@ class StoreError(ResumeqError):
 
 class RedisUnavailable(StoreError):
     """Redis could not be reached or did not answer in time."""
+
+
+class ReplicaLagging(RedisUnavailable):
+    """With ``[store] durability = "replica"``: the primary applied a write but no replica
+    acknowledged it within ``replica_timeout_ms``. The write is not durable yet; it is sent
+    again (its request id makes the re-send answer as it did) as when Redis is down."""
 
 
 class JobNotFound(StoreError):

@@ -26,6 +26,7 @@ from rq.serializers import JSONSerializer
 import resumeq.worker  # noqa: F401 - loaded once here, not in every forked attempt
 from resumeq import due
 from resumeq.concurrent import ConcurrentWorker
+from resumeq.connection import connect
 from resumeq.context import build_context, preload, redis_pool_size, set_context
 from resumeq.due import DueScheduler
 from resumeq.errors import ConfigError
@@ -140,11 +141,9 @@ def make_worker(
     preload()
     try:
         # RQ's own connection (its blocking dequeue among its uses), apart from the store's.
-        pool = redis.BlockingConnectionPool.from_url(
-            settings.redis_url, max_connections=redis_pool_size(n), timeout=30
-        )
-        connection = redis.Redis(connection_pool=pool)
-        connection.auto_close_connection_pool = True
+        # A Sentinel URL's client asks the sentinels again at each new connection: RQ's
+        # dequeues follow a failover as the store's writes do.
+        connection = connect(settings.redis_url, pool_size=redis_pool_size(n), pool_timeout_s=30)
     except ValueError as exc:
         raise ConfigError(f"invalid Redis URL: {exc}") from None
     names = queues or settings.file.worker.queues

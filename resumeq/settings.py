@@ -226,6 +226,15 @@ class StoreSettings(BaseModel):
     #: janitor removes it (the text is kept once, compactly, in the text key, and
     #: a follower that comes later reads it there).
     events_grace_s: float = Field(default=60.0, ge=0)
+    #: When a checkpoint counts as durable. ``primary``: once the primary applied it (a
+    #: failover can lose the last checkpoints: the job resumes from an older prefix and
+    #: buys those tokens again). ``replica``: once a replica acknowledged it too (``WAIT
+    #: 1``); followers are shown only text a replica holds, so a failover never takes back
+    #: text anyone saw. See RELIABILITY.md.
+    durability: Literal["primary", "replica"] = "primary"
+    #: With ``durability = "replica"``: how long a write waits for a replica before it is
+    #: sent again (as when Redis is down: the attempt stops once its lease would expire).
+    replica_timeout_ms: int = Field(default=1000, gt=0, le=60_000)
 
 
 ProfileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]

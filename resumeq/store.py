@@ -36,6 +36,7 @@ from resumeq.errors import (
     JobNotFound,
     LeaseLost,
     RedisUnavailable,
+    ReplicaLagging,
     SpillExhausted,
     StaleRevision,
     StoreError,
@@ -63,6 +64,10 @@ SPILL_QUEUE = "resumeq-spill"
 #: re-send (doubled each time).
 WRITE_TRIES = 3
 RETRY_PAUSE_S = 0.1
+#: The writes that add an event at a revision they answer (``{'ok', revision, ...}``):
+#: with ``[store] durability = "replica"`` each waits for a replica, then marks its
+#: revision durable for the followers.
+REPLICATED = frozenset(("flush", "finish", "release", "cancel", "fail", "drop", "requeue"))
 
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 _OWNER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,100}$")
@@ -198,6 +203,12 @@ class Store:
         self.settings = settings or StoreSettings()
         self.limits = limits or DEFAULT_LIMITS
         self._scripts = Scripts(client)
+
+    @property
+    def replicated(self) -> bool:
+        """Whether a write counts only once a replica acknowledged it (``[store]
+        durability = "replica"``)."""
+        return self.settings.durability == "replica"
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> Store:
@@ -498,6 +509,20 @@ class Store:
                 return pipe.execute()
 
         return [decode_text(raw) for raw in self._read("text", all_of)] if job_ids else []
+
+    def text_size(self, job_id: str) -> tuple[int, int]:
+        """The job's revision and its text's length in bytes, read together."""
+
+        def both(r: redis.Redis) -> list[Any]:
+            with r.pipeline(transaction=True) as pipe:
+                pipe.hget(keys.job(job_id), "revision")
+                pipe.strlen(keys.text(job_id))
+                return pipe.execute()
+
+        revision, size = self._read("text size", both)
+        if revision is None:
+            raise JobNotFound(f"no job {job_id}", job_id=job_id)
+        return int(revision), int(size)
 
     def snapshot(self, job_id: str) -> tuple[JobRecord, str]:
         """The record and its text as of one revision, read in one transaction: the text
@@ -828,6 +853,7 @@ class Store:
             request or request_id(),
             _non_negative(hidden_bytes, "hidden_bytes"),
             *(response.args() if response is not None else ("", "", "")),
+            "1" if self.replicated else "0",
         ]
         status, *rest = self._run("flush", job_keys, args, job_id)
         if status != "ok":
@@ -1159,16 +1185,43 @@ class Store:
         pause = RETRY_PAUSE_S
         for left in range(WRITE_TRIES - 1, -1, -1):
             try:
-                with redis_errors(op), self.redis.pipeline(transaction=False) as pipe:
-                    for call in calls:
-                        self._scripts.queue(pipe, call.name, call.keys, call.args)
-                    return pipe.execute(raise_on_error=False)
+                with redis_errors(op):
+                    return self._send_pipeline(calls, op)
             except RedisUnavailable:
                 if not left:
                     raise
                 time.sleep(pause)
                 pause *= 2
         raise AssertionError("unreachable")
+
+    def _send_pipeline(self, calls: Sequence[ScriptCall], op: str) -> list[Any]:
+        """One pipeline of ``calls``; with replica durability, ended by ``WAIT 1`` when any
+        of them is :data:`REPLICATED`, and each applied one's revision marked durable."""
+        wait = self.replicated and any(call.name in REPLICATED for call in calls)
+        with self.redis.pipeline(transaction=False) as pipe:
+            for call in calls:
+                self._scripts.queue(pipe, call.name, call.keys, call.args)
+            if wait:
+                pipe.execute_command("WAIT", 1, self.settings.replica_timeout_ms)  # type: ignore[no-untyped-call]
+            replies: list[Any] = pipe.execute(raise_on_error=False)
+        if not wait:
+            return replies
+        acked = replies.pop()
+        if isinstance(acked, Exception):
+            raise acked
+        self._acknowledged(
+            op,
+            int(acked),
+            [
+                (call.job_id, int(reply[1]))
+                for call, reply in zip(calls, replies, strict=True)
+                if call.name in REPLICATED
+                and isinstance(reply, list)
+                and len(reply) > 1
+                and _s(reply[0]) == "ok"
+            ],
+        )
+        return replies
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -1202,7 +1255,7 @@ class Store:
         for left in range(tries - 1, -1, -1):
             try:
                 with redis_errors(name):
-                    reply = self._scripts.run(name, job_keys, args)
+                    reply = self._send(name, job_keys, args, job_id)
                 return [_s(reply[0]), *reply[1:]]
             except RedisUnavailable:
                 if not left:
@@ -1210,6 +1263,41 @@ class Store:
                 time.sleep(pause)
                 pause *= 2
         raise AssertionError("unreachable")
+
+    def _send(
+        self, name: str, job_keys: list[str], args: Sequence[str | int | bytes], job_id: str
+    ) -> list[Any]:
+        """Run script ``name`` once. With replica durability, a write of :data:`REPLICATED`
+        that was applied waits for a replica on the same connection (``WAIT 1``), then
+        marks its revision durable; :class:`ReplicaLagging` when none acknowledged it."""
+        if not (self.replicated and name in REPLICATED):
+            return self._scripts.run(name, job_keys, args)
+        with self.redis.pipeline(transaction=False) as pipe:
+            self._scripts.queue(pipe, name, job_keys, args)
+            pipe.execute_command("WAIT", 1, self.settings.replica_timeout_ms)  # type: ignore[no-untyped-call]
+            reply, acked = pipe.execute()
+        if not isinstance(reply, list) or not reply:
+            raise TypeError(f"script {name} answered {reply!r}, not a status table")
+        if _s(reply[0]) == "ok":
+            self._acknowledged(name, int(acked), [(job_id, int(reply[1]))])
+        return reply
+
+    def _acknowledged(self, op: str, acked: int, revisions: Sequence[tuple[str, int]]) -> None:
+        """After ``WAIT 1``: raise :class:`ReplicaLagging` if no replica acknowledged the
+        writes, else mark each job's revision durable for its followers."""
+        if acked < 1:
+            raise ReplicaLagging(
+                f"{op}: no replica acknowledged the write within "
+                f"{self.settings.replica_timeout_ms} ms (durability = replica)"
+            )
+        if not revisions:
+            return
+        with self.redis.pipeline(transaction=False) as pipe:
+            for job_id, revision in revisions:
+                self._scripts.queue(
+                    pipe, "durable", [keys.job(job_id), keys.events(job_id)], [revision]
+                )
+            pipe.execute()
 
     def _read(self, op: str, fn: Callable[[redis.Redis], R]) -> R:
         """A read (idempotent), tried again once if Redis does not answer."""

@@ -60,7 +60,13 @@ class World:
 
 
 def make_world(
-    tmp: Path, store: Store, fake: FakeProvider, redis_url: str, **worker: Any
+    tmp: Path,
+    store: Store,
+    fake: FakeProvider,
+    redis_url: str,
+    *,
+    store_settings: dict[str, Any] | None = None,
+    **worker: Any,
 ) -> Iterator[World]:
     profile = {
         "kind": "openai",
@@ -100,6 +106,7 @@ def make_world(
             },
             "worker": settings,
             "janitor": {"interval_s": 0.3},
+            **({"store": store_settings} if store_settings else {}),
         },
     )
     cluster = Cluster(tmp, redis_url=redis_url, config=config)

@@ -37,6 +37,7 @@ NAMES = (
     "hook_done",
     "ledger_append",
     "trim_events",
+    "durable",
 )
 
 

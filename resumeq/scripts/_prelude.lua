@@ -113,9 +113,14 @@ end
 
 -- A write whose reply was lost is sent again with the same request id. The id of the last
 -- write applied is kept in the record: a re-sent write that was applied is recognised,
--- and answers as it did, instead of being refused (or applied twice).
+-- and answers as it did, instead of being refused (or applied twice). The recognition is
+-- itself a write (the same id again), so that a WAIT after a re-send covers the first.
 local function replayed(job, rid)
-  return rid ~= '' and redis.call('HGET', job, 'last_write') == rid
+  if rid ~= '' and redis.call('HGET', job, 'last_write') == rid then
+    redis.call('HSET', job, 'last_write', rid)
+    return true
+  end
+  return false
 end
 
 local function stamp(job, rid)

@@ -13,6 +13,8 @@
 -- ARGV[9] the background response this text comes from ('' : none)
 -- ARGV[10] the last event number of it whose output the text includes ('' : the text
 --   matches no event)   ARGV[11] the provider and model it was made for
+-- ARGV[12] '1' to mark the event held: followers show it once a replica holds it (a
+--   'durable' marker at its revision or later; [store] durability = "replica")
 -- Answers: {'ok', revision, spent, prefix bytes} | {'not_found'} | {'cancelled'}
 --   | {'lease_lost', state} | {'wrong_state', state} | {'stale_revision', current}
 --   | {'bad_argument', what} | {'corrupt', field}
@@ -58,7 +60,11 @@ else
 end
 stamp(job, ARGV[7])
 local rev = bump(job, now)
-event(events, rev, 'delta', delta, 'spent', fmt(spent), 'exact', ARGV[5])
+if ARGV[12] == '1' then
+  event(events, rev, 'delta', delta, 'spent', fmt(spent), 'exact', ARGV[5], 'held', '1')
+else
+  event(events, rev, 'delta', delta, 'spent', fmt(spent), 'exact', ARGV[5])
+end
 if ttl > 0 then
   redis.call('PEXPIRE', lease, ttl)
   redis.call('ZADD', leases, fmt(now + ttl), redis.call('HGET', job, 'id'))

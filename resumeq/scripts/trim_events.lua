@@ -60,7 +60,8 @@ end
 redis.call('HSET', job, 'events_trimmed', redis.call('HGET', job, 'revision'),
   'text_offsets', table.concat(offsets, ' '))
 redis.call('HDEL', job, 'lease_token', 'last_write', 'attempt_spent_base', 'attempt_text_base',
-  'attempt_hidden_bytes', 'exact_base', 'stalled_owner', 'failures', 'failing_since_ms')
+  'attempt_hidden_bytes', 'exact_base', 'stalled_owner', 'failures', 'failing_since_ms',
+  'durable_revision')
 redis.call('DEL', events)
 if ARGV[3] ~= '' and size == tonumber(ARGV[2]) then
   redis.call('SET', text, ARGV[3], 'KEEPTTL')

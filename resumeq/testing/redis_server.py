@@ -35,6 +35,7 @@ class RedisServer:
 
     ``appendonly`` turns on AOF with ``appendfsync always`` so a restart keeps every
     acknowledged write; ``restart()`` stops and starts it on the same port and directory.
+    ``args`` are more options (``("--replicaof", "127.0.0.1", "6379")``).
     ``password`` alone sets ``requirepass``; with ``username`` it creates that ACL user and
     turns the default user off. ``tls`` serves TLS only, with a self-signed certificate
     made in the server's directory (``openssl`` must be installed); ``url`` is then a
@@ -52,6 +53,7 @@ class RedisServer:
         tls: bool = False,
         binary: str = "redis-server",
         start_timeout_s: float = 10.0,
+        args: tuple[str, ...] = (),
     ) -> None:
         found = shutil.which(binary)
         if found is None:
@@ -69,6 +71,8 @@ class RedisServer:
         self.username = username
         self.tls = tls
         self.start_timeout_s = start_timeout_s
+        #: More command-line options (``--replicaof HOST PORT``, ...), given last.
+        self.args = args
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -131,7 +135,7 @@ class RedisServer:
             args += ["--tls-port", str(self.port), "--tls-cert-file", str(self._cert)]
             args += ["--tls-key-file", key, "--tls-ca-cert-file", str(self._cert)]
             args += ["--tls-auth-clients", "no"]
-        return args
+        return args + list(self.args)
 
     def start(self) -> RedisServer:
         """Start it and wait until it answers; a port chosen here that another process

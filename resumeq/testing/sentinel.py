@@ -1,0 +1,226 @@
+"""A Redis deployment that fails over, for tests, benchmarks and the soak: a primary, one
+replica and three sentinels (``redis-server --sentinel``, quorum 2), each a child process
+on a free loopback port, stopped by PID.
+
+:meth:`SentinelDeployment.failover` is what an outage looks like from the clients: the
+primary is SIGKILLed (what it had not sent to its replica is lost), the sentinels promote
+the replica, and the old primary comes back empty as the new primary's replica (as a
+restarted node's init script would start it), so that the next failover has a replica to
+promote and ``durability = "replica"`` has one to wait for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import redis
+
+from resumeq.testing.redis_server import RedisServer, free_port
+
+SERVICE = "resumeq"
+
+
+class SentinelDeployment:
+    """``url`` is the ``redis+sentinel://`` URL of the deployment; ``down_after_ms`` is
+    how long the sentinels wait before they call a silent primary down."""
+
+    def __init__(
+        self,
+        *,
+        service: str = SERVICE,
+        down_after_ms: int = 1000,
+        failover_timeout_ms: int = 4000,
+        start_timeout_s: float = 20.0,
+    ) -> None:
+        self.service = service
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+        self.start_timeout_s = start_timeout_s
+        self.directory = Path(tempfile.mkdtemp(prefix="resumeq-sentinel-"))
+        self.nodes: list[RedisServer] = []
+        self.sentinel_ports: list[int] = []
+        self._sentinels: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def url(self) -> str:
+        where = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        return f"redis+sentinel://{where}/{self.service}/0"
+
+    def start(self) -> SentinelDeployment:
+        try:
+            primary = RedisServer(directory=self.directory / "node-0").start()
+            self.nodes.append(primary)
+            replica = RedisServer(
+                directory=self.directory / "node-1",
+                args=("--replicaof", "127.0.0.1", str(primary.port)),
+            ).start()
+            self.nodes.append(replica)
+            self._wait_replicated(replica)
+            for n in range(3):
+                self._start_sentinel(n, primary.port)
+            self._wait(self._sentinels_agree, "the sentinels to see the primary, its replica "
+                       "and each other")  # fmt: skip
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _start_sentinel(self, n: int, primary_port: int) -> None:
+        port = free_port()
+        conf = self.directory / f"sentinel-{n}.conf"
+        conf.write_text(
+            f"port {port}\nbind 127.0.0.1\ndir {self.directory}\n"
+            f"logfile {self.directory / f'sentinel-{n}.log'}\n"
+            f"sentinel monitor {self.service} 127.0.0.1 {primary_port} 2\n"
+            f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}\n"
+            f"sentinel parallel-syncs {self.service} 1\n"
+        )
+        self._sentinels.append(
+            subprocess.Popen(
+                ["redis-server", str(conf), "--sentinel"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        self.sentinel_ports.append(port)
+
+    def _ask(self, port: int) -> redis.Redis:
+        return redis.Redis(port=port, socket_timeout=1.0, socket_connect_timeout=1.0)
+
+    def _sentinels_agree(self) -> bool:
+        for port in self.sentinel_ports:
+            with contextlib.closing(self._ask(port)) as sentinel:
+                try:
+                    master: Any = sentinel.sentinel_master(self.service)
+                except redis.RedisError:
+                    return False
+                if master.get("num-slaves", 0) < 1 or master.get("num-other-sentinels", 0) < 2:
+                    return False
+        return True
+
+    def primary_port(self) -> int:
+        """The primary's port as the sentinels name it."""
+        for port in self.sentinel_ports:
+            with contextlib.closing(self._ask(port)) as sentinel:
+                try:
+                    found: Any = sentinel.sentinel_get_master_addr_by_name(self.service)
+                except redis.RedisError:
+                    continue
+                if found:
+                    return int(found[1])
+        raise RuntimeError("no sentinel names a primary")
+
+    def node(self, port: int) -> RedisServer:
+        return next(node for node in self.nodes if node.port == port)
+
+    @property
+    def primary(self) -> RedisServer:
+        return self.node(self.primary_port())
+
+    def failover(self, *, lag_s: float = 0.0) -> float:
+        """SIGKILL the primary; wait until the sentinels promoted the replica and the old
+        primary is back as its replica. Answers the seconds from the kill to the
+        promotion (what clients wait).
+
+        ``lag_s``: the replica is frozen (SIGSTOP) that long before the kill, so that it
+        misses the primary's last writes, as a replica behind on a busy link does: what
+        the primary acknowledged in that time is lost with it (its link to the replica
+        is cut too, so that the writes stay in the primary's backlog)."""
+        old = self.primary
+        replica = next(node for node in self.nodes if node is not old)
+        if lag_s > 0 and replica.process is not None:
+            # Frozen, and cut off: what the primary writes now stays in its backlog (a
+            # frozen replica alone would find it in its socket's buffer on waking).
+            replica.process.send_signal(signal.SIGSTOP)
+            with contextlib.closing(self._ask(old.port)) as primary:
+                primary.client_kill_filter(_type="replica")
+            time.sleep(lag_s)
+        killed = time.monotonic()
+        self.kill(old)
+        if lag_s > 0 and replica.process is not None:
+            replica.process.send_signal(signal.SIGCONT)
+        self._wait(lambda: self._promoted(old.port), "the sentinels to promote the replica")
+        took = time.monotonic() - killed
+        self.rejoin(old)
+        return took
+
+    def kill(self, node: RedisServer) -> None:
+        proc, node.process = node.process, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def _promoted(self, old_port: int) -> bool:
+        try:
+            port = self.primary_port()
+        except RuntimeError:
+            return False
+        if port == old_port:
+            return False
+        with contextlib.closing(self._ask(port)) as client:
+            try:
+                role = client.info("replication")["role"]
+            except redis.RedisError:
+                return False
+        return bool(role == "master")
+
+    def rejoin(self, node: RedisServer) -> None:
+        """Start a killed node again, empty, as the current primary's replica."""
+        node.args = ("--replicaof", "127.0.0.1", str(self.primary_port()))
+        shutil.rmtree(node.directory, ignore_errors=True)
+        node.directory.mkdir(parents=True)
+        node.start()
+        self._wait_replicated(node)
+
+    def _wait_replicated(self, replica: RedisServer) -> None:
+        def linked() -> bool:
+            with contextlib.closing(self._ask(replica.port)) as client:
+                try:
+                    info = client.info("replication")
+                except redis.RedisError:
+                    return False
+            return bool(info.get("master_link_status") == "up")
+
+        self._wait(linked, f"the replica on port {replica.port} to sync")
+
+    def _wait(self, done: object, what: str) -> None:
+        assert callable(done)
+        deadline = time.monotonic() + self.start_timeout_s
+        while not done():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what} (logs in {self.directory})")
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        for proc in self._sentinels:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+        self._sentinels.clear()
+        for node in self.nodes:
+            node.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> SentinelDeployment:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -6,12 +6,17 @@ appendfsync always) restarts; then the checks.
 
     python benchmarks/chaos.py [--duration S] [--jobs N] [--workers N] [--fault-probability P]
                                [--failpoint-probability P] [--handoff-every S]
-                               [--read-pause-ms MS] [--keep DIR]
+                               [--read-pause-ms MS] [--failovers N]
+                               [--durability primary|replica] [--keep DIR]
+
+``--failovers N`` runs Redis as a Sentinel deployment (a primary, its replica, three
+sentinels) and fails it over N times (the primary SIGKILLed, its last writes not on the
+replica) instead of restarting it.
 
 Prints one JSON object: jobs, terminal, canonical, lost, duplicated_text, gap,
 inconsistent_events, over_billed, hook_runs, hook_reruns, hooks_missing, hooks_rerun_differed,
 fenced_writes_refused, worker_kills, commit_kills, worker_freezes, worker_handoffs,
-handoffs_unclean, handed_off_attempts, redis_restarts,
+handoffs_unclean, handed_off_attempts, redis_restarts, failovers,
 faults_injected and more. Exits 1 if any job was lost, spliced wrong or left inconsistent,
 or a done job's hook did not have its effect exactly once, with its final text.
 """
@@ -45,6 +50,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--read-pause-ms", type=int, default=0, help="the workers' paced reads (0: off)"
     )
+    parser.add_argument(
+        "--failovers", type=int, default=0, help="Sentinel failovers instead of a restart"
+    )
+    parser.add_argument("--durability", choices=("primary", "replica"), default="primary")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
         "--keep", type=Path, default=None, help="run in DIR and keep its logs and Redis data"
@@ -54,6 +63,8 @@ def main(argv: list[str]) -> int:
         parser.error("--duration > 0, --jobs >= 1 and --workers >= 2 are needed")
     if not 0 <= args.failpoint_probability < 1:
         parser.error("--failpoint-probability must be in [0, 1)")
+    if args.failovers < 0:
+        parser.error("--failovers must be at least 0")
     if not 0 <= args.read_pause_ms <= 1000:
         parser.error("--read-pause-ms must be in [0, 1000]")
     result = run_soak(
@@ -66,6 +77,8 @@ def main(argv: list[str]) -> int:
             kill_every_s=args.kill_every,
             handoff_every_s=args.handoff_every,
             read_pause_ms=args.read_pause_ms,
+            failovers=args.failovers,
+            durability=args.durability,
             seed=args.seed,
         ),
         keep=args.keep,

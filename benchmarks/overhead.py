@@ -15,7 +15,14 @@ A resumeq attempt's time is what its ledger records (acquire to the last flush, 
 horse); the bare job times itself the same way. ``throughput_ratio`` is the median over
 repeats of default ÷ off measured within the same repeat. Prints one JSON object.
 
-    python benchmarks/overhead.py [--tokens N] [--repeats N]
+``--durability replica`` gives the server a replica and the resumeq sides ``[store]
+durability = "replica"`` (each flush waits for the replica: ``WAIT 1``), and adds a side:
+
+- ``primary``: the default thresholds with ``durability = "primary"`` (no wait), beside
+  them; ``replica_vs_primary_ratio`` is the median of default ÷ primary: what the wait
+  costs a stream.
+
+    python benchmarks/overhead.py [--tokens N] [--repeats N] [--durability replica]
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from resumeq.producer import enqueue_job
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, write_config
+from resumeq.testing.sentinel import FAST_SYNC, wait_replicated
 
 NEVER = 10**9
 SIDES = {  # name: (flush_tokens, flush_ms, flush_min_ms), or None for the bare RQ job
@@ -94,17 +102,26 @@ def run_bare(store: Store, tokens: int, timeout_s: float) -> dict[str, float]:
     return {"seconds": result["ended"] - result["started"], "end_to_end_s": end_to_end}
 
 
+def sides_for(durability: str) -> dict[str, tuple[int, int, int] | None]:
+    """The sides run: with replica durability, the default thresholds without the wait
+    too (``primary``)."""
+    return {**SIDES, "primary": SIDES["default"]} if durability == "replica" else dict(SIDES)
+
+
 def start_workers(
     clusters: list[Cluster],
     tmp: Path,
     redis_url: str,
     base_url: str,
+    *,
     read_pause_ms: int | None = None,
+    durability: str = "primary",
 ) -> None:
     """One worker per side, each with its own config and queue (appended to ``clusters``);
-    ``read_pause_ms``: the resumeq sides' ``[worker] read_pause_ms`` (None: the default)."""
+    ``read_pause_ms``: the resumeq sides' ``[worker] read_pause_ms`` (None: the default);
+    ``durability``: theirs (the ``primary`` side's is always ``primary``)."""
     profile = {"kind": "openai", "base_url": base_url, "counting": "chunks"}
-    for side, flush in SIDES.items():
+    for side, flush in sides_for(durability).items():
         directory = tmp / side
         directory.mkdir()
         worker = (
@@ -114,8 +131,10 @@ def start_workers(
         )
         if flush and read_pause_ms is not None:
             worker["read_pause_ms"] = read_pause_ms
+        store = {"durability": "primary" if side == "primary" else durability}
         config = write_config(
-            directory / "resumeq.toml", {"providers": {"fake": profile}, "worker": worker}
+            directory / "resumeq.toml",
+            {"providers": {"fake": profile}, "worker": worker, "store": store},
         )
         cluster = Cluster(directory, redis_url=redis_url, config=config, thread_caches_off=False)
         clusters.append(cluster)
@@ -128,8 +147,9 @@ def start_workers(
 def run_rounds(store: Store, args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     """Every side once per round, in rotating order; round -1 warms up (imports, the
     canonical text) and is not kept."""
-    samples: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
-    names = list(SIDES)
+    sides = sides_for(args.durability)
+    samples: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    names = list(sides)
     for r in range(-1, args.repeats):
         order = names[r % len(names) :] + names[: r % len(names)]
         for side in order:
@@ -150,6 +170,7 @@ def summary(args: argparse.Namespace, samples: dict[str, list[dict[str, float]]]
     result: dict[str, Any] = {
         "tokens": args.tokens,
         "repeats": args.repeats,
+        "durability": args.durability,
         "throughput_ratio": median(rate("default", i) / rate("off", i) for i in rounds),
         "target_throughput_ratio_min": 0.90,
         "every_token_ratio": median(rate("every_token", i) / rate("off", i) for i in rounds),
@@ -157,13 +178,18 @@ def summary(args: argparse.Namespace, samples: dict[str, list[dict[str, float]]]
         "off_vs_bare_ratio": median(rate("off", i) / rate("bare", i) for i in rounds),
     }
     result["target_met"] = result["throughput_ratio"] >= 0.90
-    for side in SIDES:
+    if "primary" in samples:
+        result["replica_vs_primary_ratio"] = median(
+            rate("default", i) / rate("primary", i) for i in rounds
+        )
+        result["flushes_primary"] = median(s["flushes"] for s in samples["primary"])
+    for side, runs in samples.items():
         result[f"{side}_tokens_per_s"] = round(median(rate(side, i) for i in rounds), 1)
-        result[f"{side}_end_to_end_s"] = median(s["end_to_end_s"] for s in samples[side])
+        result[f"{side}_end_to_end_s"] = median(s["end_to_end_s"] for s in runs)
     for side in ("default", "off", "every_token"):
         result[f"flushes_{side}"] = median(s["flushes"] for s in samples[side])
     result["samples_tokens_per_s"] = {
-        side: [round(rate(side, i)) for i in rounds] for side in SIDES
+        side: [round(rate(side, i)) for i in rounds] for side in samples
     }
     return result
 
@@ -178,17 +204,35 @@ def main(argv: list[str]) -> int:
         type=int,
         help="the workers' [worker] read_pause_ms (default: its default)",
     )
+    parser.add_argument(
+        "--durability",
+        choices=("primary", "replica"),
+        default="primary",
+        help="the resumeq sides' [store] durability; replica starts a replica to wait for",
+    )
     args = parser.parse_args(argv)
     if args.tokens < 100 or args.repeats < 1:
         parser.error("need --tokens >= 100 and --repeats >= 1")
     with (
         tempfile.TemporaryDirectory(prefix="resumeq-overhead-") as tmp,
-        RedisServer() as server,
+        RedisServer(args=FAST_SYNC) as server,
+        RedisServer(args=("--replicaof", "127.0.0.1", str(server.port))) as replica,
         FakeProvider(completion_tokens=args.tokens) as fake,
     ):
         clusters: list[Cluster] = []
         try:
-            start_workers(clusters, Path(tmp), server.url, fake.openai_base_url, args.read_pause_ms)
+            if args.durability == "replica":
+                wait_replicated(replica.port)
+            else:
+                replica.stop()  # nothing waits for it
+            start_workers(
+                clusters,
+                Path(tmp),
+                server.url,
+                fake.openai_base_url,
+                read_pause_ms=args.read_pause_ms,
+                durability=args.durability,
+            )
             samples = run_rounds(Store.from_url(server.url), args)
         except (TimeoutError, RuntimeError):
             for cluster in clusters:

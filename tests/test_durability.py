@@ -23,6 +23,7 @@ from resumeq.models import Acquired
 from resumeq.settings import StoreSettings, load_settings
 from resumeq.store import Store, decode
 from resumeq.testing import RedisServer
+from resumeq.testing.sentinel import FAST_SYNC, wait_replicated
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,15 +42,10 @@ class Clock:
 @pytest.fixture
 def pair() -> Iterator[tuple[RedisServer, RedisServer]]:
     """A primary and its replica."""
-    with RedisServer() as primary:
+    with RedisServer(args=FAST_SYNC) as primary:
         replica = RedisServer(args=("--replicaof", "127.0.0.1", str(primary.port)))
         with replica:
-            probe = redis.Redis(port=replica.port)
-            deadline = time.monotonic() + 10
-            while probe.info("replication").get("master_link_status") != "up":
-                assert time.monotonic() < deadline, "the replica did not sync"
-                time.sleep(0.05)
-            probe.close()
+            wait_replicated(replica.port)
             yield primary, replica
 
 

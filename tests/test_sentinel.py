@@ -4,6 +4,7 @@ each way it can be misconfigured is one line naming which."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from resumeq.async_client import AsyncClient
 from resumeq.connection import SentinelURL, check_sentinel, connect, parse_sentinel_url
 from resumeq.store import Store
 from resumeq.testing import RedisServer, free_port
@@ -145,3 +147,25 @@ def test_the_command_line_names_what_is_wrong_in_one_line(sentinel: int) -> None
         check=False,
     )
     assert "no job some-job" in out.stderr, out.stderr  # it reached the primary
+
+
+def test_the_async_client_of_resumeq_serve_goes_through_the_sentinel(sentinel: int) -> None:
+    """``resumeq serve`` reads and follows with the asyncio client: a Sentinel URL gives
+    it the primary the sentinels name, as the sync one."""
+    url = f"redis+sentinel://:right@127.0.0.1:{sentinel}/mymaster/0"
+    spec = {"prompt": "served through a sentinel", "provider": "p", "model": "m",
+            "budget_tokens": 10}  # fmt: skip
+
+    async def through() -> tuple[str, str]:
+        async with AsyncClient.from_url(url, socket_timeout=2.0) as client:
+            job_id = await client.enqueue(spec)
+            record = await client.record(job_id)
+            return job_id, record.state.value
+
+    job_id, state = asyncio.run(through())
+    assert state == "queued"
+    client = connect(url, socket_timeout=2)
+    try:
+        assert Store(client).get(job_id).spec.prompt == "served through a sentinel"
+    finally:
+        client.close()

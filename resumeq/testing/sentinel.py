@@ -12,6 +12,7 @@ promote and ``durability = "replica"`` has one to wait for.
 from __future__ import annotations
 
 import contextlib
+import secrets
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,35 @@ import redis
 from resumeq.testing.redis_server import RedisServer, free_port
 
 SERVICE = "resumeq"
+#: A primary sends a new replica its data at once (Redis waits 5 s by default, in case
+#: more replicas come to share one transfer).
+FAST_SYNC = ("--repl-diskless-sync-delay", "0")
+
+
+def wait_replicated(port: int, *, timeout_s: float = 20.0) -> None:
+    """Wait until the replica on ``port`` has synced with its primary and acknowledges
+    its writes (what a ``WAIT`` counts)."""
+    deadline = time.monotonic() + timeout_s
+    while not _online(port):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the replica on port {port} did not sync")
+        time.sleep(0.05)
+
+
+def _online(port: int) -> bool:
+    try:
+        with contextlib.closing(redis.Redis(port=port, socket_timeout=1.0)) as replica:
+            mine: Any = replica.info("replication")
+            if mine.get("master_link_status") != "up":
+                return False
+            with contextlib.closing(
+                redis.Redis(port=int(mine["master_port"]), socket_timeout=1.0)
+            ) as primary:
+                # A write it acknowledges (a replica reported online may still be loading).
+                primary.set("resumeq:test:replication-probe", "1", px=1000)
+                return bool(primary.execute_command("WAIT", 1, 100) >= 1)  # type: ignore[no-untyped-call]
+    except redis.RedisError:
+        return False
 
 
 class SentinelDeployment:
@@ -56,16 +86,15 @@ class SentinelDeployment:
 
     def start(self) -> SentinelDeployment:
         try:
-            primary = RedisServer(directory=self.directory / "node-0").start()
+            primary = RedisServer(directory=self.directory / "node-0", args=FAST_SYNC).start()
             self.nodes.append(primary)
             replica = RedisServer(
                 directory=self.directory / "node-1",
-                args=("--replicaof", "127.0.0.1", str(primary.port)),
+                args=(*FAST_SYNC, "--replicaof", "127.0.0.1", str(primary.port)),
             ).start()
             self.nodes.append(replica)
             self._wait_replicated(replica)
-            for n in range(3):
-                self._start_sentinel(n, primary.port)
+            self._start_sentinels(primary.port, replica.port)
             self._wait(self._sentinels_agree, "the sentinels to see the primary, its replica "
                        "and each other")  # fmt: skip
         except BaseException:
@@ -73,25 +102,40 @@ class SentinelDeployment:
             raise
         return self
 
-    def _start_sentinel(self, n: int, primary_port: int) -> None:
-        port = free_port()
-        conf = self.directory / f"sentinel-{n}.conf"
-        conf.write_text(
-            f"port {port}\nbind 127.0.0.1\ndir {self.directory}\n"
-            f"logfile {self.directory / f'sentinel-{n}.log'}\n"
-            f"sentinel monitor {self.service} 127.0.0.1 {primary_port} 2\n"
-            f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}\n"
-            f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}\n"
-            f"sentinel parallel-syncs {self.service} 1\n"
-        )
-        self._sentinels.append(
-            subprocess.Popen(
-                ["redis-server", str(conf), "--sentinel"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+    def _start_sentinels(self, primary_port: int, replica_port: int) -> None:
+        """Three sentinels, each told of the others and of the replica (as a sentinel's
+        rewritten config is after a while): they agree at once instead of over a few
+        rounds of hello messages."""
+        ports = [free_port() for _ in range(3)]
+        ids = [secrets.token_hex(20) for _ in range(3)]
+        for n, port in enumerate(ports):
+            conf = self.directory / f"sentinel-{n}.conf"
+            lines = [
+                f"port {port}",
+                "bind 127.0.0.1",
+                f"dir {self.directory}",
+                f"logfile {self.directory / f'sentinel-{n}.log'}",
+                f"sentinel myid {ids[n]}",
+                f"sentinel monitor {self.service} 127.0.0.1 {primary_port} 2",
+                f"sentinel down-after-milliseconds {self.service} {self.down_after_ms}",
+                f"sentinel failover-timeout {self.service} {self.failover_timeout_ms}",
+                f"sentinel parallel-syncs {self.service} 1",
+                f"sentinel known-replica {self.service} 127.0.0.1 {replica_port}",
+            ]
+            lines += [
+                f"sentinel known-sentinel {self.service} 127.0.0.1 {other} {ids[m]}"
+                for m, other in enumerate(ports)
+                if m != n
+            ]
+            conf.write_text("\n".join(lines) + "\n")
+            self._sentinels.append(
+                subprocess.Popen(
+                    ["redis-server", str(conf), "--sentinel"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             )
-        )
-        self.sentinel_ports.append(port)
+            self.sentinel_ports.append(port)
 
     def _ask(self, port: int) -> redis.Redis:
         return redis.Redis(port=port, socket_timeout=1.0, socket_connect_timeout=1.0)
@@ -175,22 +219,14 @@ class SentinelDeployment:
 
     def rejoin(self, node: RedisServer) -> None:
         """Start a killed node again, empty, as the current primary's replica."""
-        node.args = ("--replicaof", "127.0.0.1", str(self.primary_port()))
+        node.args = (*FAST_SYNC, "--replicaof", "127.0.0.1", str(self.primary_port()))
         shutil.rmtree(node.directory, ignore_errors=True)
         node.directory.mkdir(parents=True)
         node.start()
         self._wait_replicated(node)
 
     def _wait_replicated(self, replica: RedisServer) -> None:
-        def linked() -> bool:
-            with contextlib.closing(self._ask(replica.port)) as client:
-                try:
-                    info = client.info("replication")
-                except redis.RedisError:
-                    return False
-            return bool(info.get("master_link_status") == "up")
-
-        self._wait(linked, f"the replica on port {replica.port} to sync")
+        wait_replicated(replica.port, timeout_s=self.start_timeout_s)
 
     def _wait(self, done: object, what: str) -> None:
         assert callable(done)

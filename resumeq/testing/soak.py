@@ -4,7 +4,10 @@ faults, a Redis restart — then a check that nothing was lost, nothing spliced 
 replay was paid for, and every done job's hook ran once.
 
 Real parts throughout: a redis-server with AOF (``appendfsync always``), concurrent worker
-and janitor processes, the fake provider over HTTP with seeded random faults.
+and janitor processes, the fake provider over HTTP with seeded random faults. With
+``failovers``, Redis is a Sentinel deployment instead (a primary, its replica, three
+sentinels; :mod:`resumeq.testing.sentinel`) and each outage is a failover: the primary
+SIGKILLed with its last writes not on the replica, the replica promoted.
 ``benchmarks/chaos.py`` runs the long version; the test suite runs a short one.
 
 The workers run with a failpoint armed (:mod:`resumeq.failpoints`): each worker process
@@ -18,6 +21,7 @@ hook (:mod:`resumeq.testing.soak_hooks`) that records each of its runs in Redis.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -41,6 +45,7 @@ from resumeq.queueing import hook_rq_id, rq_queue
 from resumeq.store import Store, decode
 from resumeq.testing.processes import Cluster, Proc, write_config
 from resumeq.testing.redis_server import RedisServer
+from resumeq.testing.sentinel import SentinelDeployment
 from resumeq.testing.soak_hooks import HOOK, HOOK_EFFECTS, HOOK_RUNS
 
 TERMINAL = {"done", "failed", "cancelled", "abandoned", "dropped"}
@@ -71,6 +76,12 @@ class SoakConfig:
     #: A SIGTERM (a deploy) to a worker this often: it hands its streams on and exits.
     handoff_every_s: float = 6.0
     redis_restarts: int = 1
+    #: Failovers of a Sentinel deployment instead of restarts (0: one redis-server).
+    failovers: int = 0
+    #: How long the replica is cut off before each failover's kill (what it misses).
+    failover_lag_s: float = 0.3
+    #: ``[store] durability``.
+    durability: str = "primary"
     completion_tokens: int = 160
     token_delay_ms: float = 2.0
     flush_tokens: int = 16
@@ -97,6 +108,9 @@ class Chaos:
     #: Worker processes that ended without being killed by the soak.
     worker_exits: int = 0
     redis_restarts: int = 0
+    failovers: int = 0
+    #: Seconds from each failover's kill to the replica's promotion.
+    failover_s: list[float] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
 
 
@@ -126,12 +140,18 @@ class Soak:
 
     def run(self) -> dict[str, Any]:
         c = self.config
-        with (
-            RedisServer(appendonly=True, directory=self.directory / "redis") as server,
-            FakeProvider(
-                completion_tokens=c.completion_tokens, token_delay_ms=c.token_delay_ms
-            ) as fake,
-        ):
+        with contextlib.ExitStack() as stack:
+            if c.failovers:
+                deployment = stack.enter_context(SentinelDeployment())
+                url, outage = deployment.url, self._failover(deployment)
+            else:
+                server = stack.enter_context(
+                    RedisServer(appendonly=True, directory=self.directory / "redis")
+                )
+                url, outage = server.url, self._restart(server)
+            fake = stack.enter_context(
+                FakeProvider(completion_tokens=c.completion_tokens, token_delay_ms=c.token_delay_ms)
+            )
             fake.chaos(
                 probability=c.fault_probability,
                 kinds=list(FAULT_KINDS),
@@ -140,20 +160,37 @@ class Soak:
                 seconds=3.0,
             )
             config = self._config(fake)
-            cluster = Cluster(self.directory, redis_url=server.url, config=config)
+            cluster = Cluster(self.directory, redis_url=url, config=config)
             cluster.env.pop("RESUMEQ_FAILPOINTS", None)  # the janitors never arm one
-            store = Store.from_url(server.url)
+            store = Store.from_url(url)
             try:
                 self.workers = [self._worker(cluster) for _ in range(c.workers)]
                 cluster.janitor(interval_s=0.5)
                 cluster.janitor(interval_s=0.7)
-                ids = self._drive(cluster, server, store)
+                ids = self._drive(cluster, outage, store)
                 self._settle(cluster, store, ids)
                 self._settle_hooks(cluster, store, ids)
                 logs = cluster.logs(tail=None)
             finally:
                 cluster.stop()
             return self._verify(store, fake, ids, logs)
+
+    def _restart(self, server: RedisServer) -> Any:
+        def restart() -> str:
+            server.restart()
+            self.chaos.redis_restarts += 1
+            return "redis restarted"
+
+        return restart
+
+    def _failover(self, deployment: SentinelDeployment) -> Any:
+        def failover() -> str:
+            took = deployment.failover(lag_s=self.config.failover_lag_s)
+            self.chaos.failovers += 1
+            self.chaos.failover_s.append(round(took, 2))
+            return f"redis failed over (replica promoted {took:.1f} s after the kill)"
+
+        return failover
 
     def _config(self, fake: FakeProvider) -> Path:
         c = self.config
@@ -181,19 +218,22 @@ class Soak:
                 # grace after the job ends (60 s by default): a run longer than that lost
                 # the early jobs' streams and counted each as inconsistent. Kept past the
                 # whole run and its settling.
-                "store": {"events_grace_s": c.duration_s + c.settle_timeout_s + 600},
+                "store": {
+                    "events_grace_s": c.duration_s + c.settle_timeout_s + 600,
+                    "durability": c.durability,
+                },
             },
         )
 
-    def _drive(self, cluster: Cluster, server: RedisServer, store: Store) -> list[str]:
-        """Enqueue the jobs over the first part of the run while breaking things."""
+    def _drive(self, cluster: Cluster, outage: Any, store: Store) -> list[str]:
+        """Enqueue the jobs over the first part of the run while breaking things;
+        ``outage()`` restarts Redis, or fails it over."""
         c = self.config
         client = Client(store.redis)
         start = time.monotonic()
         enqueue_window = c.duration_s * 0.6
-        restarts_at = [
-            c.duration_s * (i + 1) / (c.redis_restarts + 1) for i in range(c.redis_restarts)
-        ]
+        outages = c.failovers or c.redis_restarts
+        restarts_at = [c.duration_s * (i + 1) / (outages + 1) for i in range(outages)]
         next_kill = start + c.kill_every_s
         next_freeze = start + c.freeze_every_s / 2
         next_handoff = start + c.handoff_every_s / 2
@@ -223,9 +263,7 @@ class Soak:
             self._thaw(now)
             if restarts_at and elapsed >= restarts_at[0]:
                 restarts_at.pop(0)
-                server.restart()
-                self.chaos.redis_restarts += 1
-                self.chaos.events.append(f"{elapsed:.1f}s redis restarted")
+                self.chaos.events.append(f"{elapsed:.1f}s {outage()}")
             self._respawn(cluster)
             if elapsed >= c.duration_s and len(ids) >= c.jobs:
                 break
@@ -435,6 +473,9 @@ class Soak:
                 1 for j in ids for a in store.ledger(j) if a.get("outcome") == "handoff"
             ),
             "redis_restarts": self.chaos.redis_restarts,
+            "failovers": self.chaos.failovers,
+            "failover_s": self.chaos.failover_s,
+            "durability": self.config.durability,
             "faults_injected": sum(1 for r in journal if r.get("fault")),
             "requests": len(journal),
             "cuts": cuts_total,
@@ -582,6 +623,8 @@ class Soak:
         revs, deltas, last_spent, running = [], [], 0, False
         for _, raw in entries:
             fields = {decode(k): decode(v) for k, v in raw.items()}
+            if "durable" in fields:
+                continue  # a replica holds the events up to it: no revision of its own
             revs.append(int(fields["rev"]))
             if "delta" in fields:
                 if not running:

@@ -105,6 +105,8 @@ class Checkpointer:
         #: one: set before each :meth:`add`, written with the text it goes with.
         self.response: ResponsePosition | None = None
         self._written_response: ResponsePosition | None = None
+        #: Writes that failed since the last one that went through.
+        self._outage = 0
         #: This attempt's applied flushes, oldest first.
         self._history: list[_Written] = []
 
@@ -276,6 +278,10 @@ class Checkpointer:
         self.exact = self._written_exact = batch.exact
         self._written_response = batch.response
         self._last_flush = self.lease_confirmed = self._clock()
+        if self._outage:
+            log.info("job %s: Redis answers again after %d failed write(s)", self.lease.job_id,
+                     self._outage)  # fmt: skip
+            self._outage = 0
 
     def _unreachable(self, exc: RedisUnavailable) -> None:
         lapsed = self._clock() - self.lease_confirmed
@@ -284,4 +290,6 @@ class Checkpointer:
                 f"lease of job {self.lease.job_id} expired while Redis was unreachable",
                 job_id=self.lease.job_id,
             ) from exc
-        log.warning("job %s: Redis unreachable, keeping the delta: %s", self.lease.job_id, exc)
+        if not self._outage:  # once per outage, not once per delta that tries again
+            log.warning("job %s: Redis unreachable, keeping the delta: %s", self.lease.job_id, exc)
+        self._outage += 1

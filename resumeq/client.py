@@ -150,7 +150,7 @@ class EventCursor:
         self._stops = RESTING_STATES if stop_at_spill else _ENDING_STATES
 
     #: The job hash fields :meth:`idle` needs.
-    probe = ("id", "events_trimmed")
+    probe = ("id", "events_trimmed", "state", "revision")
 
     def start(self, record: JobRecord) -> None:
         """Nothing to read when the job rests at or before revision ``after``; the text
@@ -162,11 +162,22 @@ class EventCursor:
 
     def idle(self, probed: list[Any]) -> None:
         """After an empty read: the job's :attr:`probe` fields (HMGET)."""
-        job_id, trimmed = probed
+        job_id, trimmed, state, revision = probed
         if job_id is None:
             raise self.gone()
         if trimmed is not None:
             self.gap = True  # removed while this reader waited
+        elif (
+            state is not None
+            and decode(state) in self._stops
+            and revision is not None
+            and int(revision) <= self._seen
+            and not self._held
+        ):
+            # The job rests at a revision this reader has passed: a failover took back
+            # revisions it was shown (``durability = "primary"``) and the job ended
+            # before reaching them again. Nothing more will come.
+            self.ended = True
 
     @property
     def streams(self) -> dict[KeyT, StreamIdT]:

@@ -53,6 +53,9 @@ METRICS = f"{PREFIX}:metrics"
 #: due-time index (:mod:`resumeq.due`); and the list that wakes a scheduler to look again.
 DUE = f"{PREFIX}:due"
 DUE_WAKE = f"{PREFIX}:due:wake"
+#: A short-lived key a test deployment writes to see its replica acknowledge writes
+#: (``resumeq.testing.sentinel``).
+REPLICATION_PROBE = f"{PREFIX}:test:replication-probe"
 
 
 def due_stop(token: str) -> str:

@@ -207,3 +207,13 @@ def test_durability_must_be_primary_or_replica(tmp_path: Any) -> None:
     config.write_text("[store]\nreplica_timeout_ms = 0\n")
     with pytest.raises(ConfigError, match=r"store\.replica_timeout_ms"):
         load_settings(config_path=config)
+
+
+def test_a_reader_past_where_a_failover_took_the_job_ends_with_it() -> None:
+    """``durability = "primary"``: a follower that read on from revision 12 after a failover
+    that took the job back to 9 is not left waiting for a revision that never comes."""
+    cursor = EventCursor("j", after=12, deadline=None, stop_at_spill=True)
+    cursor.idle([b"j", None, b"running", b"9"])
+    assert not cursor.ended  # the job may still pass revision 12
+    cursor.idle([b"j", None, b"done", b"11"])
+    assert cursor.ended

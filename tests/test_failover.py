@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.xdist_group("cpu-heavy")]
 
 JOBS = 40
 FOLLOWED = 10
-TOKENS = 300
+TOKENS = 200
 FLUSH_TOKENS = 8
 #: The replica misses the primary's last writes for this long before the kill.
 LAG_S = 0.5
@@ -108,7 +108,12 @@ def run_failover(
         store,
         fake,
         deployment.url,
-        store_settings={"durability": durability, "replica_timeout_ms": 500},
+        # The checks read every job's events stream: kept past the run.
+        store_settings={
+            "durability": durability,
+            "replica_timeout_ms": 500,
+            "events_grace_s": 600,
+        },
         flush_tokens=FLUSH_TOKENS,
         lease_ttl_ms=6000,
     )
@@ -127,7 +132,7 @@ def run_failover(
         for follower in followers:
             follower.start()
         wait_for(
-            lambda: all(store.get(j).spent_output_tokens >= 40 for j in job_ids),
+            lambda: all(store.get(j).spent_output_tokens >= 32 for j in job_ids),
             timeout_s=60,
             what="every job streaming",
         )
@@ -180,7 +185,7 @@ def test_replica_durability_never_takes_back_text_a_follower_saw(
                 assert deltas.get(revision) == text, (follower.job_id, revision)
             assert "".join(t for _, t in follower.shown) == store.text(follower.job_id)
             shown += len(follower.shown)
-        assert shown > FOLLOWED * 10
+        assert shown >= FOLLOWED * 5, shown  # each follower was shown the text in pieces
         print("followers failed over", sum(f.failures for f in followers), "times")
     finally:
         store.redis.close()

@@ -24,6 +24,7 @@ from typing import Any
 
 import redis
 
+from resumeq import keys
 from resumeq.testing.redis_server import RedisServer, free_port
 
 SERVICE = "resumeq"
@@ -52,7 +53,7 @@ def _online(port: int) -> bool:
                 redis.Redis(port=int(mine["master_port"]), socket_timeout=1.0)
             ) as primary:
                 # A write it acknowledges (a replica reported online may still be loading).
-                primary.set("resumeq:test:replication-probe", "1", px=1000)
+                primary.set(keys.REPLICATION_PROBE, "1", px=1000)
                 return bool(primary.execute_command("WAIT", 1, 100) >= 1)  # type: ignore[no-untyped-call]
     except redis.RedisError:
         return False

@@ -193,7 +193,13 @@ class Checkpointer:
                 self._unreachable(exc)
                 return False
             except StaleRevision as exc:
-                if not self._lost_to_a_failover(exc):
+                try:
+                    recovered = self._lost_to_a_failover(exc)
+                except RedisUnavailable as unreachable:
+                    self._inflight = batch  # find out again once Redis answers
+                    self._unreachable(unreachable)
+                    return False
+                if not recovered:
                     raise
                 continue
             self.latency.observe(time.perf_counter() - began)
@@ -231,11 +237,7 @@ class Checkpointer:
         start = kept[-1].revision if kept else lost[0].revision - 1
         if start != exc.current:
             return False
-        try:
-            revision, size = self.store.text_size(self.lease.job_id)
-        except RedisUnavailable as unreachable:
-            self._unreachable(unreachable)
-            return False
+        revision, size = self.store.text_size(self.lease.job_id)  # RedisUnavailable: later
         if (revision, size) != (exc.current, at):
             return False
         text = [w.text for w in lost if w.text]

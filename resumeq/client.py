@@ -247,7 +247,10 @@ class EventCursor:
                 f"job {self.job_id}: its events stream lacks revisions after {self._seen} "
                 "and was never trimmed"
             )
-        rest = text.encode()[record.text_bytes_after(self._seen) :].decode()
+        # Held events were never shown: the text goes on from before the first of them.
+        shown = self._held[0][0] - 1 if self._held else self._seen
+        self._held.clear()
+        rest = text.encode()[record.text_bytes_after(shown) :].decode()
         self._seen = record.events_trimmed
         self.gap = False
         self.ended = True

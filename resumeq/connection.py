@@ -62,13 +62,15 @@ def connect_async(url: str, **options: Any) -> redis.asyncio.Redis:
         )
         client = sentinel.master_for(
             target.service,
+            redis_class=_AsyncSentinelManaged,
             db=target.db,
             username=target.username,
             password=target.password,
             retry=AsyncRetry(NoBackoff(), 0),
             **options,
         )
-        assert isinstance(client, redis.asyncio.Redis)
+        assert isinstance(client, _AsyncSentinelManaged)
+        client.sentinels = list(sentinel.sentinels)
         return client
     return redis.asyncio.Redis.from_url(url, retry=AsyncRetry(NoBackoff(), 0), **options)
 
@@ -134,13 +136,38 @@ def _sentinel_client(target: SentinelURL, **options: Any) -> redis.Redis:
     )
     client = sentinel.master_for(  # type: ignore[no-untyped-call]
         target.service,
+        redis_class=_SentinelManaged,
         db=target.db,
         username=target.username,
         password=target.password,
         **options,
     )
-    assert isinstance(client, redis.Redis)
+    assert isinstance(client, _SentinelManaged)
+    client.sentinels = list(sentinel.sentinels)
     return client
+
+
+class _SentinelManaged(redis.Redis):
+    """The primary's client; closing it closes the connections to the sentinels too (they
+    are kept to find the primary again after a failover)."""
+
+    sentinels: list[redis.Redis] = []  # noqa: RUF012 - set per client by _sentinel_client
+
+    def close(self) -> None:
+        super().close()
+        for sentinel in self.sentinels:
+            sentinel.close()
+
+
+class _AsyncSentinelManaged(redis.asyncio.Redis):
+    """:class:`_SentinelManaged` for asyncio."""
+
+    sentinels: list[redis.asyncio.Redis] = []  # noqa: RUF012 - set per client by connect_async
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        for sentinel in self.sentinels:
+            await sentinel.aclose()
 
 
 def check_sentinel(target: SentinelURL, timeout_s: float = 2.0) -> None:

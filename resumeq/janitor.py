@@ -47,6 +47,7 @@ from resumeq.errors import (
     JobNotFound,
     ProviderError,
     RedisUnavailable,
+    ReplicaLagging,
     ResumeqError,
     RetryableProviderError,
     SpillExhausted,
@@ -131,11 +132,21 @@ class Janitor:
         for job_id in self._safe(report, self.store.ended_before, grace_ms) or []:
             if self._safe(report, self.store.trim_events, job_id):
                 report.trimmed.append(job_id)
+        if self.store.replicated:  # followers of a job whose end no replica confirmed
+            self._safe(report, self._mark_ended)
         if time.monotonic() - self._last_registry_clean >= REGISTRY_INTERVAL_S:
             self._safe(report, self._clean_registries)
             self._safe(report, self.store.forget_expired, JOBS_INDEX_CHECKED)
             self._last_registry_clean = time.monotonic()
         return report
+
+    def _mark_ended(self) -> None:
+        """:meth:`Store.mark_ended`; a replica that does not answer is tried again at the
+        next sweep, and does not end this one."""
+        try:
+            self.store.mark_ended()
+        except ReplicaLagging as exc:
+            log.warning("%s: %s", self.name, exc)
 
     def check_liveness(self) -> SweepReport:
         """One look at the workers' connections (one ``CLIENT LIST``); the jobs of workers

@@ -53,6 +53,9 @@ METRICS = f"{PREFIX}:metrics"
 #: due-time index (:mod:`resumeq.due`); and the list that wakes a scheduler to look again.
 DUE = f"{PREFIX}:due"
 DUE_WAKE = f"{PREFIX}:due:wake"
+#: What a janitor writes before it waits for a replica (``WAIT 1`` covers the writes of its
+#: own connection, and every earlier write with them).
+DURABILITY_PROBE = f"{PREFIX}:durability:probe"
 #: A short-lived key a test deployment writes to see its replica acknowledge writes
 #: (``resumeq.testing.sentinel``).
 REPLICATION_PROBE = f"{PREFIX}:test:replication-probe"

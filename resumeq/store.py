@@ -605,6 +605,36 @@ class Store:
 
     # -- events after the end ------------------------------------------------------------
 
+    def mark_ended(self, *, limit: int = 1000) -> int:
+        """With replica durability: mark durable the last revision of every ended job no
+        marker covers yet (its ending write was never confirmed by a replica — retried out,
+        or its marker lost in a failover), so that its followers stop holding it. One write
+        of this connection and a ``WAIT 1`` after it: a replica that acknowledges it holds
+        every write before it. Answers how many jobs were marked; :class:`ReplicaLagging`
+        if no replica acknowledged."""
+
+        def unmarked(r: redis.Redis) -> list[tuple[str, int]]:
+            ids = [_s(i) for i in r.zrange(keys.ENDED, 0, limit - 1)]
+            with r.pipeline(transaction=False) as pipe:
+                for job_id in ids:
+                    pipe.hmget(keys.job(job_id), ["revision", "durable_revision"])
+                found = pipe.execute()
+            return [
+                (job_id, int(rev))
+                for job_id, (rev, marked) in zip(ids, found, strict=True)
+                if rev is not None and int(rev) > int(marked or 0)
+            ]
+
+        revisions = self._read("ended jobs unmarked", unmarked)
+        if not revisions:
+            return 0
+        with redis_errors("mark ended"), self.redis.pipeline(transaction=False) as pipe:
+            pipe.incr(keys.DURABILITY_PROBE)
+            pipe.execute_command("WAIT", 1, self.settings.replica_timeout_ms)  # type: ignore[no-untyped-call]
+            _, acked = pipe.execute()
+            self._acknowledged("mark ended", int(acked), revisions)
+        return len(revisions)
+
     def ended_before(self, age_ms: int, *, limit: int = 200) -> list[str]:
         """Ids of jobs that ended at least ``age_ms`` ago and whose events stream is not
         trimmed yet, oldest first."""
@@ -1207,20 +1237,19 @@ class Store:
         if not wait:
             return replies
         acked = replies.pop()
-        if isinstance(acked, Exception):
-            raise acked
-        self._acknowledged(
-            op,
-            int(acked),
-            [
-                (call.job_id, int(reply[1]))
-                for call, reply in zip(calls, replies, strict=True)
-                if call.name in REPLICATED
-                and isinstance(reply, list)
-                and len(reply) > 1
-                and _s(reply[0]) == "ok"
-            ],
-        )
+        applied = [
+            (call.job_id, int(reply[1]))
+            for call, reply in zip(calls, replies, strict=True)
+            if call.name in REPLICATED
+            and isinstance(reply, list)
+            and len(reply) > 1
+            and _s(reply[0]) == "ok"
+        ]
+        if not applied:
+            return replies  # nothing written that a replica must hold
+        if isinstance(acked, Exception):  # e.g. a demoted primary refuses WAIT
+            raise ReplicaLagging(f"{op}: WAIT failed: {acked}") from acked
+        self._acknowledged(op, int(acked), applied)
         return replies
 
     # -- plumbing ------------------------------------------------------------------------

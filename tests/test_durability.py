@@ -217,3 +217,31 @@ def test_a_reader_past_where_a_failover_took_the_job_ends_with_it() -> None:
     assert not cursor.ended  # the job may still pass revision 12
     cursor.idle([b"j", None, b"done", b"11"])
     assert cursor.ended
+
+
+def test_the_janitor_marks_an_ended_job_whose_end_no_replica_confirmed(
+    replicated: Store, pair: tuple[RedisServer, RedisServer]
+) -> None:
+    """A delta no replica confirmed in time (so never marked), then the job's end written
+    without a wait (a producer with other settings, or an ending write retried out): its
+    followers would hold both for good. The janitor's sweep marks them."""
+    got = started(replicated)
+    job_id = got.lease.job_id
+    with frozen(pair[1]), pytest.raises(ReplicaLagging):
+        replicated.flush(got.lease, expected_revision=1, delta="Held text.", tokens=3)
+    unwaited = Store(replicated.redis)  # durability = "primary"
+    unwaited.finish(got.lease, state="done", finish_reason="stop")
+    cursor = EventCursor(job_id, after=0, deadline=None, stop_at_spill=True)
+    cursor.start(replicated.get(job_id))
+    reply: Any = replicated.redis.xread(cursor.streams, count=100)
+    assert [f.get("state") for _, f in cursor.take(reply)] == ["running"]  # the rest held
+    assert not cursor.ended
+    assert replicated.mark_ended() == 1
+    assert replicated.mark_ended() == 0  # marked once
+    reply = replicated.redis.xread(cursor.streams, count=100)
+    got_events = cursor.take(reply)
+    assert [(r, f.get("delta") or f.get("state")) for r, f in got_events] == [
+        (2, "Held text."),
+        (3, "done"),
+    ]
+    assert cursor.ended

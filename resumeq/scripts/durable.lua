@@ -11,7 +11,10 @@ if not rev or redis.call('EXISTS', events) == 0 then
   return { 'ok', '0' }
 end
 local marked = tonumber(redis.call('HGET', job, 'durable_revision') or '0') or 0
-if rev <= marked then
+local current = tonumber(redis.call('HGET', job, 'revision') or '0') or 0
+if rev <= marked or rev > current then
+  -- Already marked, or a revision this node does not have (a replica other than the one
+  -- promoted acknowledged it): nothing to vouch for here.
   return { 'ok', '0' }
 end
 redis.call('HSET', job, 'durable_revision', fmt(rev))

@@ -182,17 +182,20 @@ class SentinelDeployment:
         is cut too, so that the writes stay in the primary's backlog)."""
         old = self.primary
         replica = next(node for node in self.nodes if node is not old)
-        if lag_s > 0 and replica.process is not None:
-            # Frozen, and cut off: what the primary writes now stays in its backlog (a
-            # frozen replica alone would find it in its socket's buffer on waking).
-            replica.process.send_signal(signal.SIGSTOP)
-            with contextlib.closing(self._ask(old.port)) as primary:
-                primary.client_kill_filter(_type="replica")
-            time.sleep(lag_s)
-        killed = time.monotonic()
-        self.kill(old)
-        if lag_s > 0 and replica.process is not None:
-            replica.process.send_signal(signal.SIGCONT)
+        frozen = lag_s > 0 and replica.process is not None
+        try:
+            if frozen and replica.process is not None:
+                # Frozen, and cut off: what the primary writes now stays in its backlog (a
+                # frozen replica alone would find it in its socket's buffer on waking).
+                replica.process.send_signal(signal.SIGSTOP)
+                with contextlib.closing(self._ask(old.port)) as primary:
+                    primary.client_kill_filter(_type="replica")
+                time.sleep(lag_s)
+            killed = time.monotonic()
+            self.kill(old)
+        finally:
+            if frozen and replica.process is not None:
+                replica.process.send_signal(signal.SIGCONT)
         self._wait(lambda: self._promoted(old.port), "the sentinels to promote the replica")
         took = time.monotonic() - killed
         self.rejoin(old)
@@ -205,10 +208,20 @@ class SentinelDeployment:
             proc.wait(timeout=10)
 
     def _promoted(self, old_port: int) -> bool:
-        try:
-            port = self.primary_port()
-        except RuntimeError:
+        """Every sentinel names the same new primary, and it says it is one."""
+        named = set()
+        for sentinel_port in self.sentinel_ports:
+            with contextlib.closing(self._ask(sentinel_port)) as sentinel:
+                try:
+                    found: Any = sentinel.sentinel_get_master_addr_by_name(self.service)
+                except redis.RedisError:
+                    return False
+            if not found:
+                return False
+            named.add(int(found[1]))
+        if len(named) != 1:
             return False
+        (port,) = named
         if port == old_port:
             return False
         with contextlib.closing(self._ask(port)) as client:

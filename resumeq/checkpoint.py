@@ -177,11 +177,12 @@ class Checkpointer:
             if batch is None:
                 return True
             began = time.perf_counter()
+            delta = "".join(self._pending_text[: batch.items])
             try:
                 result = self.store.flush(
                     self.lease,
                     expected_revision=self.revision,
-                    delta="".join(self._pending_text[: batch.items]),
+                    delta=delta,
                     tokens=batch.tokens,
                     exact=batch.exact,
                     hidden_bytes=batch.hidden_bytes,
@@ -203,7 +204,7 @@ class Checkpointer:
                     raise
                 continue
             self.latency.observe(time.perf_counter() - began)
-            self._written(batch, revision=result.revision, prefix_bytes=result.prefix_bytes)
+            self._written(batch, delta, revision=result.revision, prefix_bytes=result.prefix_bytes)
             if not retry:
                 return True
 
@@ -263,10 +264,10 @@ class Checkpointer:
         )
         return True
 
-    def _written(self, batch: _Batch, *, revision: int, prefix_bytes: int) -> None:
-        written = self._pending_text[: batch.items]
+    def _written(self, batch: _Batch, delta: str, *, revision: int, prefix_bytes: int) -> None:
+        """``batch`` was applied: ``delta`` (its text) is durable at ``revision``."""
         self._history.append(
-            _Written(revision, prefix_bytes, "".join(written), batch.tokens, batch.hidden_bytes)
+            _Written(revision, prefix_bytes, delta, batch.tokens, batch.hidden_bytes)
         )
         del self._pending_text[: batch.items]
         self._pending_tokens -= batch.consumed
@@ -274,8 +275,8 @@ class Checkpointer:
         self._inflight = None
         self.revision = revision
         self.flushed_tokens += batch.tokens
-        self.flushed_chars += sum(len(t) for t in written)
-        self.flushed_bytes += sum(len(t.encode("utf-8")) for t in written)
+        self.flushed_chars += len(delta)
+        self.flushed_bytes += len(delta.encode("utf-8"))
         self.flushes += 1
         self.exact = self._written_exact = batch.exact
         self._written_response = batch.response

@@ -1296,19 +1296,15 @@ class Store:
     def _send(
         self, name: str, job_keys: list[str], args: Sequence[str | int | bytes], job_id: str
     ) -> list[Any]:
-        """Run script ``name`` once. With replica durability, a write of :data:`REPLICATED`
-        that was applied waits for a replica on the same connection (``WAIT 1``), then
-        marks its revision durable; :class:`ReplicaLagging` when none acknowledged it."""
+        """Run script ``name`` once (with replica durability, as :meth:`_send_pipeline`
+        runs a batch of one)."""
         if not (self.replicated and name in REPLICATED):
             return self._scripts.run(name, job_keys, args)
-        with self.redis.pipeline(transaction=False) as pipe:
-            self._scripts.queue(pipe, name, job_keys, args)
-            pipe.execute_command("WAIT", 1, self.settings.replica_timeout_ms)  # type: ignore[no-untyped-call]
-            reply, acked = pipe.execute()
+        (reply,) = self._send_pipeline([ScriptCall(name, job_keys, args, job_id)], name)
+        if isinstance(reply, Exception):
+            raise reply
         if not isinstance(reply, list) or not reply:
             raise TypeError(f"script {name} answered {reply!r}, not a status table")
-        if _s(reply[0]) == "ok":
-            self._acknowledged(name, int(acked), [(job_id, int(reply[1]))])
         return reply
 
     def _acknowledged(self, op: str, acked: int, revisions: Sequence[tuple[str, int]]) -> None:

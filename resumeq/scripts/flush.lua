@@ -60,11 +60,8 @@ else
 end
 stamp(job, ARGV[7])
 local rev = bump(job, now)
-if ARGV[12] == '1' then
-  event(events, rev, 'delta', delta, 'spent', fmt(spent), 'exact', ARGV[5], 'held', '1')
-else
-  event(events, rev, 'delta', delta, 'spent', fmt(spent), 'exact', ARGV[5])
-end
+local held = ARGV[12] == '1' and { 'held', '1' } or {}
+event(events, rev, 'delta', delta, 'spent', fmt(spent), 'exact', ARGV[5], unpack(held))
 if ttl > 0 then
   redis.call('PEXPIRE', lease, ttl)
   redis.call('ZADD', leases, fmt(now + ttl), redis.call('HGET', job, 'id'))

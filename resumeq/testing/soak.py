@@ -28,6 +28,7 @@ import re
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,7 +176,7 @@ class Soak:
                 cluster.stop()
             return self._verify(store, fake, ids, logs)
 
-    def _restart(self, server: RedisServer) -> Any:
+    def _restart(self, server: RedisServer) -> Callable[[], str]:
         def restart() -> str:
             server.restart()
             self.chaos.redis_restarts += 1
@@ -183,7 +184,7 @@ class Soak:
 
         return restart
 
-    def _failover(self, deployment: SentinelDeployment) -> Any:
+    def _failover(self, deployment: SentinelDeployment) -> Callable[[], str]:
         def failover() -> str:
             took = deployment.failover(lag_s=self.config.failover_lag_s)
             self.chaos.failovers += 1
@@ -225,7 +226,7 @@ class Soak:
             },
         )
 
-    def _drive(self, cluster: Cluster, outage: Any, store: Store) -> list[str]:
+    def _drive(self, cluster: Cluster, outage: Callable[[], str], store: Store) -> list[str]:
         """Enqueue the jobs over the first part of the run while breaking things;
         ``outage()`` restarts Redis, or fails it over."""
         c = self.config

@@ -73,7 +73,9 @@ def make_world(
         "base_url": fake.openai_base_url,
         "continue_mode": "instruction",
         "counting": "usage",
-        "stall_timeout_s": 1.0,
+        # Well past what a starved machine takes to answer: a tighter clock cuts streams
+        # the tests did not cut (a 429 read as a timeout, a retry too early).
+        "stall_timeout_s": 3.0,
     }
     settings = {"flush_tokens": 8, "flush_ms": 250, "lease_ttl_ms": 2000}
     settings.update(worker)

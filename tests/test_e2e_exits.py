@@ -68,7 +68,7 @@ def cli(world: World, *args: str) -> subprocess.CompletedProcess[str]:
         ({"kind": "truncate", "after_tokens": 30}, "truncated"),
         ({"kind": "malformed", "after_tokens": 30}, "malformed_chunk"),
         ({"kind": "error_event", "after_tokens": 30}, "in_band_error"),
-        ({"kind": "stall", "after_tokens": 30, "seconds": 4}, "stalled"),
+        ({"kind": "stall", "after_tokens": 30, "seconds": 6}, "stalled"),
     ],
 )
 def test_each_cut_leads_to_a_continuation(world: World, fault: dict, detail: str) -> None:  # type: ignore[type-arg]
@@ -79,9 +79,11 @@ def test_each_cut_leads_to_a_continuation(world: World, fault: dict, detail: str
     assert record.state.value == "done"
     assert world.store.text(job_id) == world.canonical(prompt)
     requests = world.requests_for(prompt)
-    # Never a replay of the prompt without the prefix: every later request continues.
-    assert [r["is_continuation"] for r in requests] == [False, True]
     ledger = world.store.ledger(job_id)
+    attempts = [(a["kind"], a["cut"], a["detail"], a["output_tokens_persisted"]) for a in ledger]
+    sent = [(r["is_continuation"], r["outcome"], r["output_tokens_billed"]) for r in requests]
+    # Never a replay of the prompt without the prefix: every later request continues.
+    assert [r["is_continuation"] for r in requests] == [False, True], (attempts, sent)
     assert [a["kind"] for a in ledger] == ["fresh", "resume"]
     assert detail in ledger[0]["detail"]
     assert ledger[0]["output_tokens_persisted"] == 30

@@ -136,6 +136,8 @@ class Soak:
         self.killed: set[int] = set()
         #: Workers sent a SIGTERM, with the time by which they must have exited.
         self.handed_off: dict[int, float] = {}
+        self._handed_on = False
+        self._started = time.monotonic()
         self.frozen: list[tuple[Proc, float]] = []
         self._excess: dict[str, int] = {}
 
@@ -231,7 +233,7 @@ class Soak:
         ``outage()`` restarts Redis, or fails it over."""
         c = self.config
         client = Client(store.redis)
-        start = time.monotonic()
+        start = self._started = time.monotonic()
         enqueue_window = c.duration_s * 0.6
         outages = c.failovers or c.redis_restarts
         restarts_at = [c.duration_s * (i + 1) / (outages + 1) for i in range(outages)]
@@ -266,13 +268,27 @@ class Soak:
                 restarts_at.pop(0)
                 self.chaos.events.append(f"{elapsed:.1f}s {outage()}")
             self._respawn(cluster)
-            if elapsed >= c.duration_s and len(ids) >= c.jobs:
+            if elapsed >= c.duration_s and len(ids) >= c.jobs and self._deploys_seen(store, ids):
                 break
             time.sleep(0.05)
         for proc, _ in self.frozen:
             proc.signal_group(signal.SIGCONT)
         self.frozen.clear()
         return ids
+
+    def _deploys_seen(self, store: Store, ids: list[str]) -> bool:
+        """Whether a deploy has handed an attempt on yet: a SIGTERM can find its worker's
+        streams ended by the time the worker sees it (short runs saw none handed on). The
+        run goes on past its duration until one did, for up to the duration again."""
+        if self._handed_on or time.monotonic() - self._started >= 2 * self.config.duration_s:
+            return True
+        try:
+            self._handed_on = any(
+                a.get("outcome") == "handoff" for j in ids for a in store.ledger(j)
+            )
+        except Exception:  # Redis restarting: look again at the next turn
+            return False
+        return self._handed_on
 
     def _retrying(self, fn: Any) -> Any:
         deadline = time.monotonic() + 30

@@ -13,6 +13,7 @@ from e2e_support import World, make_world
 from resumeq.fake import FakeProvider
 from resumeq.store import Store
 from resumeq.testing import RedisServer
+from resumeq.testing.processes import wait_for
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.xdist_group("cpu-heavy")]
 
@@ -58,11 +59,16 @@ def test_redis_unreachable_past_the_lease_stops_the_stream_then_resumes(
     assert aof_server.process is not None
     aof_server.process.send_signal(signal.SIGSTOP)  # Redis stops answering
     try:
-        time.sleep(8)  # well past the 4 s lease
-        first = world.requests_for(prompt)[0]
-        # The worker closed the stream once its lease was surely gone: the provider stopped.
-        assert first["outcome"] != "in_progress", first["outcome"]
-        assert first["tokens_emitted"] < 1500
+        # The worker closes the stream once its lease would be gone (4 s): the provider
+        # stopped, long before the answer's end.
+        stopped = time.monotonic()
+        wait_for(
+            lambda: world.requests_for(prompt)[0]["outcome"] != "in_progress",
+            timeout_s=10,
+            what="the stream closed",
+        )
+        assert time.monotonic() - stopped >= 2.0  # not before the lease's end drew near
+        assert world.requests_for(prompt)[0]["tokens_emitted"] < 1500
     finally:
         world.fake.token_delay_ms = 0
         aof_server.process.send_signal(signal.SIGCONT)
@@ -89,10 +95,14 @@ def test_redis_unreachable_past_the_lease_stops_fifty_streams_then_resumes_them(
     assert aof_server.process is not None
     aof_server.process.send_signal(signal.SIGSTOP)
     try:
-        time.sleep(8)  # well past the 4 s lease
-        # Every stream was closed once its lease was surely gone: the provider stopped.
-        firsts = [world.requests_for(p)[0] for p in prompts]
-        assert all(f["outcome"] != "in_progress" for f in firsts), [f["outcome"] for f in firsts]
+        # Every stream is closed once its lease would be gone (4 s): the provider stopped.
+        stopped = time.monotonic()
+        wait_for(
+            lambda: all(world.requests_for(p)[0]["outcome"] != "in_progress" for p in prompts),
+            timeout_s=10,
+            what="every stream closed",
+        )
+        assert time.monotonic() - stopped >= 2.0  # not before the lease's end drew near
     finally:
         world.fake.token_delay_ms = 0
         aof_server.process.send_signal(signal.SIGCONT)

@@ -106,14 +106,24 @@ class Proc:
         self.popen.wait(timeout=10)
 
     def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM, and SIGKILL if it has not exited within ``timeout_s``; its work horses
+        are killed either way."""
+        self._stopped(self._terminate(), timeout_s)
+
+    def _terminate(self) -> list[int]:
+        """The first half of :meth:`stop`: the SIGTERM; answers the work horses."""
         horses = descendants(self.pid)
         if self.alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        return horses
+
+    def _stopped(self, horses: list[int], timeout_s: float) -> None:
+        """The second half of :meth:`stop`: wait, kill what is left, close the log."""
+        try:
+            self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
         for pid in horses:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -170,9 +180,12 @@ class Cluster:
     def janitor(self, interval_s: float = 0.5) -> Proc:
         return self._start("janitor", "janitor", "--interval", str(interval_s))
 
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.stop()
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop every process: all are sent their SIGTERM first, so that they shut down
+        side by side (one by one, a test's teardown took a quarter second per process)."""
+        horses = [proc._terminate() for proc in self.procs]
+        for proc, theirs in zip(self.procs, horses, strict=True):
+            proc._stopped(theirs, timeout_s)
 
     def logs(self, tail: int | None = 3000) -> str:
         """Every process's log (the last ``tail`` characters of each; None: all of it)."""

@@ -28,6 +28,10 @@ from resumeq.testing import free_port
 from resumeq.testing.processes import Cluster, Proc, descendants, wait_for, write_config
 
 RESTING = {"done", "failed", "abandoned", "spilled", "cancelled", "dropped"}
+#: The queue of the job whose worker is killed, served by a worker of its own: the kill cuts
+#: that stream alone, as planned (a worker that also ran the others cut whichever of them
+#: happened to be in flight, and the job meant to spill ran out of budget instead).
+KILL_QUEUE = "resumeq-demo-kill"
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,7 @@ class DemoJob:
     topic: str
     budget: int = 1000
     fault: dict[str, Any] | None = None
+    #: Kill the worker streaming it once the provider has sent this many output tokens.
     kill_after: int | None = None
     exit: dict[str, Any] = field(default_factory=dict)
 
@@ -53,13 +58,15 @@ PLAN = (
     DemoJob(
         "rate-limited", "kelp forests", fault={"kind": "status", "status": 429, "retry_after": 1}
     ),
-    # The provider pauses after 48 tokens, as real ones do under load: the worker is killed
-    # in the middle of the stream, never after a short answer has already ended.
+    # The provider pauses after 48 tokens, as real ones do under load, and the worker is
+    # killed in that pause: in the middle of the stream, never after a short answer has
+    # ended. The pause outlasts a busy machine's delay before the kill (at 1 s, a kill that
+    # came after it cut the continuation instead); the kill ends it at once.
     DemoJob(
         "killed-worker",
         "salt marshes",
-        fault={"kind": "stall", "after_tokens": 48, "seconds": 1},
-        kill_after=32,
+        fault={"kind": "stall", "after_tokens": 48, "seconds": 4},
+        kill_after=48,
     ),
     DemoJob(
         "spills",
@@ -99,9 +106,22 @@ def embedded_redis() -> Iterator[str]:
         server.server_close()
 
 
+def _sent(fake: FakeProvider, prompt: str) -> int:
+    """The output tokens the provider has sent so far for ``prompt``'s first request (what
+    the worker has checkpointed of them depends on its flush timing)."""
+    return max(
+        (
+            r["tokens_emitted"]
+            for r in fake.journal()
+            if not r["is_continuation"] and prompt in str(r["body"])
+        ),
+        default=0,
+    )
+
+
 def _kill_streaming_worker(client: Client, job_id: str, workers: list[Proc]) -> Proc:
-    """SIGKILL the worker process streaming ``job_id`` — with every other stream it runs at
-    the time: the janitor resumes them all."""
+    """SIGKILL the worker process streaming ``job_id`` (it serves :data:`KILL_QUEUE`
+    alone); the janitor resumes the job."""
     holder = holder_pid(client.get(job_id).record.lease_token)
     victim = next(w for w in workers if holder in (w.pid, *descendants(w.pid)))
     victim.kill()
@@ -176,7 +196,12 @@ def run_demo(*, progress: Any = None, timeout_s: float = 60.0) -> dict[str, Any]
                         "stall_timeout_s": 5.0,
                     }
                 },
-                "worker": {"flush_tokens": 16, "flush_ms": 250, "lease_ttl_ms": 1500},
+                "worker": {
+                    "flush_tokens": 16,
+                    "flush_ms": 250,
+                    "lease_ttl_ms": 1500,
+                    "queues": ["resumeq", KILL_QUEUE],
+                },
                 "janitor": {"interval_s": 0.25},
             },
         )
@@ -184,7 +209,7 @@ def run_demo(*, progress: Any = None, timeout_s: float = 60.0) -> dict[str, Any]
         client = Client.from_url(url)
         try:
             say("starting an embedded Redis, the fake provider, 2 workers and a janitor")
-            workers = [cluster.worker(), cluster.worker()]
+            workers = [cluster.worker("resumeq"), cluster.worker(KILL_QUEUE)]
             cluster.janitor(interval_s=0.25)
             fake.add_faults([{**j.fault, "match": j.prompt} for j in PLAN if j.fault])
             ids = {}
@@ -196,19 +221,20 @@ def run_demo(*, progress: Any = None, timeout_s: float = 60.0) -> dict[str, Any]
                     "budget_tokens": job.budget,
                     "exit": job.exit,
                 }
-                ids[job.name] = client.enqueue(spec)
+                queue = KILL_QUEUE if job.kill_after is not None else "resumeq"
+                ids[job.name] = client.enqueue(spec, queue=queue)
             say(f"enqueued {len(PLAN)} jobs; cutting streams on purpose")
             for job in PLAN:
                 if job.kill_after is not None:
                     job_id = ids[job.name]
                     wait_for(
-                        lambda: client.get(job_id).spent_output_tokens >= job.kill_after,  # noqa: B023
+                        lambda: _sent(fake, job.prompt) >= job.kill_after,  # noqa: B023
                         timeout_s=timeout_s,
                         interval_s=0.01,
                     )
                     _kill_streaming_worker(client, job_id, workers)
                     say(f"killed the worker streaming {job.name!r} (SIGKILL)")
-                    workers.append(cluster.worker())
+                    workers.append(cluster.worker(KILL_QUEUE))
             deadline = time.monotonic() + timeout_s
             for job in PLAN:
                 left = max(0.1, deadline - time.monotonic())

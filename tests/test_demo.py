@@ -27,7 +27,13 @@ def test_demo_json_is_consistent() -> None:
         assert key in s, key
     assert s["jobs"] == len(s["per_job"]) == 8
     assert s["done"] + s["spilled"] + s["abandoned"] + s["failed"] == s["jobs"]
-    assert s["spilled"] == 1 and s["done"] == 7  # the plan: one job falls under its floor
+    plan = [(job["name"], job["state"], job["kinds"]) for job in s["per_job"]]
+    # The plan: one job falls under its floor; the kill cuts the one stream it is meant to.
+    assert s["spilled"] == 1 and s["done"] == 7, plan
+    by_name = {name: (state, kinds) for name, state, kinds in plan}
+    assert by_name["spills"] == ("spilled", ["fresh"]), plan
+    assert by_name["clean"] == ("done", ["fresh"]), plan
+    assert by_name["killed-worker"] == ("done", ["fresh", "resume"]), plan
     assert s["output_tokens_billed"] >= s["output_tokens_needed"] > 0
     assert s["naive_output_tokens_billed"] >= s["output_tokens_billed"]
     for job in s["per_job"]:

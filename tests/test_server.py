@@ -617,16 +617,12 @@ def unsettled(api: Api) -> list[str]:
     the worker sees the cancel, a flush later."""
     pending = []
     for key in api.store.redis.scan_iter(match=f"{keys.PREFIX}:job:{{*}}", count=1000):
-        job_id = _text(key).split("{", 1)[1].rstrip("}")
+        job_id = key.decode().split("{", 1)[1].rstrip("}")
         record = api.store.get(job_id)
         in_flight = record.state.value in ("queued", "running", "stalled")
         if in_flight or len(api.store.ledger(job_id)) < record.attempt:
             pending.append(f"{job_id} ({record.state.value}, attempt {record.attempt})")
     return pending
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def test_metrics_parse_and_their_token_totals_equal_the_ledgers(api: Api) -> None:
@@ -920,8 +916,7 @@ def test_a_redis_outage_mid_stream_ends_the_stream_and_the_reconnect_resumes(
                 began = time.monotonic()
                 redis_server.stop()
                 assert list(events) == []  # the stream ends, with no end event
-                print("healthz took", time.monotonic() - began)
-            assert time.monotonic() - began < 15
+                assert time.monotonic() - began < 15
             redis_server.start()
             wait_for(lambda: _up(base), timeout_s=30, what="Redis back")
             lease = got.lease

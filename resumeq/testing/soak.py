@@ -137,7 +137,6 @@ class Soak:
         #: Workers sent a SIGTERM, with the time by which they must have exited.
         self.handed_off: dict[int, float] = {}
         self._handed_on = False
-        self._started = time.monotonic()
         self.frozen: list[tuple[Proc, float]] = []
         self._excess: dict[str, int] = {}
 
@@ -233,7 +232,7 @@ class Soak:
         ``outage()`` restarts Redis, or fails it over."""
         c = self.config
         client = Client(store.redis)
-        start = self._started = time.monotonic()
+        start = time.monotonic()
         enqueue_window = c.duration_s * 0.6
         outages = c.failovers or c.redis_restarts
         restarts_at = [c.duration_s * (i + 1) / (outages + 1) for i in range(outages)]
@@ -268,7 +267,8 @@ class Soak:
                 restarts_at.pop(0)
                 self.chaos.events.append(f"{elapsed:.1f}s {outage()}")
             self._respawn(cluster)
-            if elapsed >= c.duration_s and len(ids) >= c.jobs and self._deploys_seen(store, ids):
+            ended = elapsed >= c.duration_s and len(ids) >= c.jobs
+            if ended and self._deploys_seen(store, ids, elapsed):
                 break
             time.sleep(0.05)
         for proc, _ in self.frozen:
@@ -276,11 +276,11 @@ class Soak:
         self.frozen.clear()
         return ids
 
-    def _deploys_seen(self, store: Store, ids: list[str]) -> bool:
+    def _deploys_seen(self, store: Store, ids: list[str], elapsed: float) -> bool:
         """Whether a deploy has handed an attempt on yet: a SIGTERM can find its worker's
         streams ended by the time the worker sees it (short runs saw none handed on). The
         run goes on past its duration until one did, for up to the duration again."""
-        if self._handed_on or time.monotonic() - self._started >= 2 * self.config.duration_s:
+        if self._handed_on or elapsed >= 2 * self.config.duration_s:
             return True
         try:
             self._handed_on = any(

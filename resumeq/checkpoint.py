@@ -2,6 +2,11 @@
 tokens or ``flush_ms`` milliseconds, whichever comes first (a token-count flush no sooner
 than ``flush_min_ms`` after the last one), plus at the end.
 
+A provider that pauses sends no delta to carry the time threshold: one thread per process,
+the :class:`IdleFlusher`, flushes what waits (:meth:`Checkpointer.flush_idle`), so what
+arrived is durable about ``flush_ms`` after the last flush even while nothing follows it. A
+lock keeps the attempt's own writes and that thread's apart.
+
 Each flush is one round trip (the ``flush`` script). If Redis is unreachable the delta is
 kept and the next delta tries again; once the lease would have expired the attempt stops
 (:class:`~resumeq.errors.LeaseLost`): nobody should pay for tokens that cannot be kept. A
@@ -21,12 +26,14 @@ or an estimate. No write ever lowers the cursor.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from resumeq.errors import LeaseLost, RedisUnavailable, StaleRevision
+from resumeq.errors import LeaseLost, RedisUnavailable, StaleRevision, WriteRefused
 from resumeq.metrics import Histogram
 from resumeq.models import Lease, ResponsePosition
 from resumeq.store import Store, request_id
@@ -102,13 +109,17 @@ class Checkpointer:
         #: applied; the next flush finds out.
         self._inflight: _Batch | None = None
         #: Where what was added so far ends in a background response, if it comes from
-        #: one: set before each :meth:`add`, written with the text it goes with.
+        #: one: given to each :meth:`add`, written with the text it goes with.
         self.response: ResponsePosition | None = None
         self._written_response: ResponsePosition | None = None
         #: Writes that failed since the last one that went through.
         self._outage = 0
         #: This attempt's applied flushes, oldest first.
         self._history: list[_Written] = []
+        #: Held by every write: the attempt's thread and the idle flusher's.
+        self._lock = threading.RLock()
+        #: Set by :meth:`close`: the idle flusher writes nothing more.
+        self._closed = False
 
     @property
     def pending_tokens(self) -> int:
@@ -118,21 +129,60 @@ class Checkpointer:
     def has_pending_text(self) -> bool:
         return bool(self._pending_text)
 
-    def add(self, text: str, tokens: int, *, exact: bool, hidden_bytes: int = 0) -> None:
+    def add(
+        self,
+        text: str,
+        tokens: int,
+        *,
+        exact: bool,
+        hidden_bytes: int = 0,
+        response: ResponsePosition | None = None,
+    ) -> None:
         """Take a delta — text, or output that is not text (``hidden_bytes`` of reasoning,
         recorded so that a janitor can estimate a dead attempt) — and flush if the token or
-        time threshold is reached."""
-        if text:
-            self._pending_text.append(text)
-        self._pending_tokens += tokens
-        self._pending_hidden += hidden_bytes
-        self.exact = self.exact and exact
+        time threshold is reached. ``response``: where the delta ends in a background
+        response, taken with it (a flush in between would write a position past text it
+        does not hold)."""
+        with self._lock:
+            if response is not None:
+                self.response = response
+            if text:
+                self._pending_text.append(text)
+            self._pending_tokens += tokens
+            self._pending_hidden += hidden_bytes
+            self.exact = self.exact and exact
+            if self._due():
+                self.flush()
+
+    def flush_idle(self) -> bool:
+        """Flush what is pending if a threshold has passed with no delta to carry it out
+        (the provider paused after a burst). Called from the :class:`IdleFlusher`'s thread:
+        it leaves the turn to the attempt's own thread when that is writing, and does nothing
+        in an outage (the attempt's next delta tries again; the lease keeper's renewals watch
+        the lease) or once the attempt closed it. Answers whether it wrote; raises as
+        :meth:`flush` does when refused."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._closed or self._outage or not self._due():
+                return False
+            return self.flush()
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        """The attempt is done streaming: no idle flush writes after this returns (what is
+        left pending is the attempt's to write, or nobody's once its lease is gone)."""
+        with self._lock:
+            self._closed = True
+
+    def _due(self) -> bool:
+        if not (self._pending_text or self._pending_tokens):
+            return False
         since = self._clock() - self._last_flush
-        due = since >= self.flush_s or (
+        return since >= self.flush_s or (
             self._pending_tokens >= self.flush_tokens and since >= self.flush_min_s
         )
-        if due and (self._pending_text or self._pending_tokens):
-            self.flush()
 
     def flush(self) -> bool:
         """Write what is pending. Answers False if Redis was unreachable (the delta stays
@@ -144,31 +194,38 @@ class Checkpointer:
         position in a background response not written yet (nothing came with it) is
         written on its own.
         """
-        return self._write(None) and self.note()
+        with self._lock:
+            return self._write(None) and self.note()
 
-    def note(self) -> bool:
-        """Write :attr:`response` if it changed since the last write (a response named
-        before any of its output, which must be known before the first token is). Answers
-        False if Redis was unreachable."""
-        position = self.response
-        if position is None or position == self._written_response:
+    def note(self, response: ResponsePosition | None = None) -> bool:
+        """Write :attr:`response` (first set to ``response``, if given) if it changed since
+        the last write (a response named before any of its output, which must be known
+        before the first token is). Answers False if Redis was unreachable."""
+        with self._lock:
+            if response is not None:
+                self.response = response
+            position = self.response
+            if position is None or position == self._written_response:
+                return True
+            try:
+                self.store.note_response(self.lease, position)
+            except RedisUnavailable as exc:
+                self._unreachable(exc)
+                return False
+            self._written_response = position
             return True
-        try:
-            self.store.note_response(self.lease, position)
-        except RedisUnavailable as exc:
-            self._unreachable(exc)
-            return False
-        self._written_response = position
-        return True
 
     def settle(self, total: int, *, exact: bool) -> bool:
         """Write what is pending and make this attempt's tokens ``total``, labelled exact
         or an estimate. ``total`` may not be below the tokens already counted (flushed or
         pending): the cursor never goes down. Answers False if Redis was unreachable."""
-        counted = self.flushed_tokens + self._pending_tokens
-        if total < counted:
-            raise ValueError(f"a total of {total} is below the {counted} tokens already counted")
-        return self._write((total, exact))
+        with self._lock:
+            counted = self.flushed_tokens + self._pending_tokens
+            if total < counted:
+                raise ValueError(
+                    f"a total of {total} is below the {counted} tokens already counted"
+                )
+            return self._write((total, exact))
 
     def _write(self, settle: tuple[int, bool] | None) -> bool:
         while True:
@@ -296,3 +353,88 @@ class Checkpointer:
         if not self._outage:  # once per outage, not once per delta that tries again
             log.warning("job %s: Redis unreachable, keeping the delta: %s", self.lease.job_id, exc)
         self._outage += 1
+
+
+#: The idle flusher's look at its checkpointers: a quarter of the shortest ``flush_ms``
+#: watched, within these bounds (a tiny ``flush_ms`` must not make it spin).
+IDLE_TICK_MIN_S = 0.01
+IDLE_TICK_MAX_S = 0.25
+
+
+class IdleFlusher:
+    """Flushes, from one thread per process, the checkpointers whose provider went quiet
+    with a delta pending (:meth:`Checkpointer.flush_idle`): a burst followed by a pause is
+    durable within about ``flush_ms``, not at the next token, which may come only when the
+    stall timeout cuts the stream. Not the lease keeper's thread: a flush queues for the
+    shared connection pool, and a late renewal is a lost lease.
+
+    A refused idle flush (the lease lost, the job cancelled) calls the attempt's
+    ``on_refused`` once, on this thread: it must be quick (closing a socket is)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watched: dict[int, tuple[Checkpointer, Callable[[WriteRefused], None]]] = {}
+        self._ids = itertools.count(1)
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def watch(self, ckpt: Checkpointer, on_refused: Callable[[WriteRefused], None]) -> int:
+        """Flush ``ckpt`` when it idles; answers a token for :meth:`unwatch`."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the idle flusher is closed")
+            token = next(self._ids)
+            self._watched[token] = (ckpt, on_refused)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="resumeq-idle-flusher", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()  # a shorter flush_ms than the others may need an earlier look
+        return token
+
+    def unwatch(self, token: int) -> None:
+        with self._lock:
+            self._watched.pop(token, None)
+
+    def watching(self) -> int:
+        with self._lock:
+            return len(self._watched)
+
+    def close(self) -> None:
+        """Stop flushing anything, and stop the thread."""
+        with self._lock:
+            self._closed = True
+            self._watched.clear()
+            thread = self._thread
+        self._wake.set()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                watched = list(self._watched.items())
+            for token, (ckpt, on_refused) in watched:
+                self._flush(token, ckpt, on_refused)
+            tick = min((c.flush_s / 4 for _, (c, _) in watched), default=IDLE_TICK_MAX_S)
+            self._wake.wait(min(max(tick, IDLE_TICK_MIN_S), IDLE_TICK_MAX_S))
+            self._wake.clear()
+
+    def _flush(
+        self, token: int, ckpt: Checkpointer, on_refused: Callable[[WriteRefused], None]
+    ) -> None:
+        try:
+            ckpt.flush_idle()
+        except WriteRefused as exc:
+            with self._lock:
+                if self._watched.pop(token, None) is None:
+                    return  # its attempt let go meanwhile
+            log.warning("job %s: idle flush refused (%s); stopping the stream",
+                        ckpt.lease.job_id, exc)  # fmt: skip
+            on_refused(exc)
+        except Exception:  # this thread serves every attempt of the process: it goes on
+            log.exception("job %s: idle flush failed", ckpt.lease.job_id)

@@ -22,6 +22,7 @@ import httpx
 import redis
 
 from resumeq import keys
+from resumeq.checkpoint import IdleFlusher
 from resumeq.connection import connect
 from resumeq.heartbeat import LeaseKeeper
 from resumeq.pacing import FULL_AT, paced_transport
@@ -134,9 +135,13 @@ class WorkerContext:
     #: Keeps the leases of every attempt this process runs (one thread, started on use).
     leases: LeaseKeeper
     handoff: Handoff = field(default_factory=Handoff)
+    #: Flushes the checkpoints of streams whose provider went quiet (one thread, on use).
+    idle: IdleFlusher = field(default_factory=IdleFlusher)
 
     def close(self) -> None:
-        """Stop renewing leases, close the HTTP clients and the Redis connections."""
+        """Stop renewing leases and flushing, close the HTTP clients and the Redis
+        connections."""
+        self.idle.close()
         self.leases.close()
         self.http.close()
         self.redis.close()

@@ -1,11 +1,11 @@
 """One attempt of a job, as RQ runs it (SPEC §8).
 
 Acquire the lease; build the request (fresh, retry or continuation); stream; checkpoint
-every ``flush_tokens`` tokens or ``flush_ms``, whichever first, and at the end; renew the
-lease from a heartbeat every TTL/3; close the stream at once when a renew or a flush is
-refused. When the stream ends or is cut: flush what arrived, make the counts exact where
-the provider allows, ask the gate, and apply its exit — with this attempt's ledger record
-written by the same script.
+every ``flush_tokens`` tokens or ``flush_ms``, whichever first (while the provider pauses,
+from the process's idle flusher), and at the end; renew the lease from a heartbeat every
+TTL/3; close the stream at once when a renew or a flush is refused. When the stream ends or
+is cut: flush what arrived, make the counts exact where the provider allows, ask the gate,
+and apply its exit — with this attempt's ledger record written by the same script.
 """
 
 from __future__ import annotations
@@ -410,19 +410,19 @@ class AttemptRunner:
     def _started(self, call: _Call, stream: ProviderStream) -> None:
         """The provider named the response it makes: recorded at once, before any of its
         output, so that a worker that dies now leaves a response to read on."""
-        self._position(call, stream)
-        if call.ckpt.response is not None:
-            call.response_id = call.ckpt.response.response_id
-            call.ckpt.note()  # Redis unreachable: every flush tries again, the last one too
+        position = self._position(call, stream)
+        if position is not None:
+            call.response_id = position.response_id
+            call.ckpt.note(position)  # Redis unreachable: every flush tries again, the last one too
 
     @staticmethod
-    def _position(call: _Call, stream: ProviderStream) -> None:
-        """Where the checkpoint stands in the background response, before a delta is added:
-        the event just read, once the seam is settled (until then the stored text matches
-        no event of it)."""
+    def _position(call: _Call, stream: ProviderStream) -> ResponsePosition | None:
+        """Where the checkpoint stands in the background response once the delta just read
+        is added: the event just read, once the seam is settled (until then the stored text
+        matches no event of it). None: it comes from no background response."""
         if not call.profile.background or stream.response_id is None:
-            return
-        call.ckpt.response = ResponsePosition(
+            return None
+        return ResponsePosition(
             response_id=stream.response_id,
             sequence=stream.sequence if call.splicer.passing and not stream.holding else None,
             made_for=call.made_for,
@@ -537,10 +537,17 @@ class AttemptRunner:
             for stream in opened:
                 stream.interrupt_for_handoff()
 
+        refused: list[WriteRefused] = []
+
+        def on_refused(exc: WriteRefused) -> None:  # an idle flush refused
+            refused.append(exc)
+            on_lost(exc)
+
         heartbeat = self.ctx.leases.hold(
             ckpt.lease, on_lost=on_lost, confirmed=lambda: ckpt.lease_confirmed
         )
         watching = self.ctx.handoff.watch(on_handoff)
+        idling = self.ctx.idle.watch(ckpt, on_refused)
         count = Count(0, False, "estimate")
         result = StreamResult(Cut(kind="stream_cut"))
         try:
@@ -559,10 +566,16 @@ class AttemptRunner:
             for stream in opened:
                 stream.close()
         finally:
+            self.ctx.idle.unwatch(idling)
+            ckpt.close()
             self.ctx.handoff.unwatch(watching)
             heartbeat.release()
         if lost.is_set() and result.lost is None:
-            result.lost = heartbeat.lost or LeaseLost("lease lost", job_id=ckpt.lease.job_id)
+            result.lost = (
+                heartbeat.lost
+                or (refused[0] if refused else None)
+                or LeaseLost("lease lost", job_id=ckpt.lease.job_id)
+            )
         return result, count
 
     def _stream(
@@ -663,8 +676,8 @@ class AttemptRunner:
                 result.first_text_ms = _now_ms()
             result.received.append(event.text)
             released = splicer.feed(event.text, event.tokens)
-            self._position(call, stream)
-            ckpt.add(released, splicer.take_tokens(), exact=event.exact)
+            position = self._position(call, stream)
+            ckpt.add(released, splicer.take_tokens(), exact=event.exact, response=position)
             return
         size = len(event.text.encode("utf-8"))
         if event.kind == "reasoning":
@@ -676,8 +689,8 @@ class AttemptRunner:
             tally.other_chunks += bool(event.text)
             tally.other_bytes += size
             tally.other_tokens += event.tokens
-        self._position(call, stream)
-        ckpt.add("", event.tokens, exact=event.exact, hidden_bytes=size)
+        position = self._position(call, stream)
+        ckpt.add("", event.tokens, exact=event.exact, hidden_bytes=size, response=position)
 
     # -- counting and the last flush -----------------------------------------------------
 

@@ -92,8 +92,10 @@ class Checkpointer:
         self._pending_tokens = 0
         self._pending_hidden = 0
         self._last_flush = clock()
-        #: When the lease was last known to be extended (a flush or a renew).
+        #: When a flush of this checkpointer last extended the lease.
         self.lease_confirmed = clock()
+        #: When the lease keeper last renewed the lease (set by the attempt; same clock).
+        self.renewed: Callable[[], float] | None = None
         #: This attempt's output tokens flushed so far, and the characters persisted.
         self.flushed_tokens = 0
         self.flushed_chars = 0
@@ -169,6 +171,15 @@ class Checkpointer:
             return self.flush()
         finally:
             self._lock.release()
+
+    def carry(self, tokens: int) -> None:
+        """Add ``tokens`` billed outside this attempt's stream (a response that cannot be
+        read on) to the job's cursor, with no text and apart from :attr:`flushed_tokens`.
+        Raises :class:`RedisUnavailable`, and as a refused flush does."""
+        with self._lock:
+            self.revision = self.store.flush(
+                self.lease, expected_revision=self.revision, delta="", tokens=tokens, exact=False
+            ).revision
 
     def close(self) -> None:
         """The attempt is done streaming: no idle flush writes after this returns (what is
@@ -343,8 +354,15 @@ class Checkpointer:
                      self._outage)  # fmt: skip
             self._outage = 0
 
+    def lease_extended(self) -> float:
+        """When the lease was last known extended: by a flush, or by a renewal (a stream
+        whose provider paused longer than the TTL has had no flush, but its lease is
+        fresh)."""
+        renewed = self.renewed() if self.renewed is not None else self.lease_confirmed
+        return max(self.lease_confirmed, renewed)
+
     def _unreachable(self, exc: RedisUnavailable) -> None:
-        lapsed = self._clock() - self.lease_confirmed
+        lapsed = self._clock() - self.lease_extended()
         if lapsed * 1000 >= self.lease.ttl_ms:
             raise LeaseLost(
                 f"lease of job {self.lease.job_id} expired while Redis was unreachable",

@@ -388,12 +388,8 @@ class AttemptRunner:
             )
         carried = max(0, billed - already)
         if carried:
-            ckpt = call.ckpt
             try:
-                ckpt.revision = self.store.flush(
-                    ckpt.lease, expected_revision=ckpt.revision, delta="", tokens=carried,
-                    exact=False,
-                ).revision  # fmt: skip
+                call.ckpt.carry(carried)
             except RedisUnavailable as unreachable:
                 log.warning("job %s: the refused response not counted: %s", record.id, unreachable)
                 return False
@@ -546,6 +542,7 @@ class AttemptRunner:
         heartbeat = self.ctx.leases.hold(
             ckpt.lease, on_lost=on_lost, confirmed=lambda: ckpt.lease_confirmed
         )
+        ckpt.renewed = heartbeat.last_extended
         watching = self.ctx.handoff.watch(on_handoff)
         idling = self.ctx.idle.watch(ckpt, on_refused)
         count = Count(0, False, "estimate")
@@ -753,7 +750,7 @@ class AttemptRunner:
         """A counting request may take no longer than the lease has left (less a margin for
         the writes after it), nor than the stall timeout."""
         ttl_s = ckpt.lease.ttl_ms / 1000.0
-        left = ttl_s - (time.monotonic() - ckpt.lease_confirmed) - ttl_s / 3
+        left = ttl_s - (time.monotonic() - ckpt.lease_extended()) - ttl_s / 3
         if left <= 0:
             raise ProviderUnavailable("no lease time left to count in")
         return min(profile.stall_timeout_s, left)

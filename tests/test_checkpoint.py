@@ -139,6 +139,31 @@ def test_redis_down_past_the_lease_stops_the_attempt(redis_client: Any) -> None:
         ck.add("b", 1, exact=True)
 
 
+def test_a_renewed_lease_is_not_taken_for_lapsed_after_a_long_pause(redis_client: Any) -> None:
+    """The provider paused longer than the TTL with nothing to flush; the lease keeper
+    renewed the lease meanwhile. A Redis blip at the next delta keeps the delta: the lease
+    is fresh, and the attempt goes on (it used to stop at once, the flush being the only
+    extension the checkpointer knew of)."""
+    store = FlakyStore(redis_client)
+    got = started(store, ttl_ms=1000)
+    clock = Clock()
+    ck = Checkpointer(store, got.lease, revision=1, flush_tokens=1, flush_ms=250, clock=clock)
+    renewed = [0.0]
+    ck.renewed = lambda: renewed[0]
+    ck.add("before the pause ", 1, exact=True)
+    clock.t = renewed[0] = 5.0  # five TTLs later, renewed all along
+    store.down = 1
+    ck.add("after it", 1, exact=True)  # kept, not LeaseLost
+    assert ck.pending_tokens == 1
+    clock.t = 5.1
+    assert ck.flush() and store.text(got.lease.job_id) == "before the pause after it"
+    # Without renewals, the same blip past the TTL stops the attempt.
+    clock.t = 7.0
+    store.down = 1
+    with pytest.raises(LeaseLost, match="while Redis was unreachable"):
+        ck.add("too late", 1, exact=True)
+
+
 def test_a_lost_reply_is_not_written_twice(redis_client: Any) -> None:
     store = FlakyStore(redis_client)
     got = started(store)

@@ -56,6 +56,13 @@ FAULT_KINDS = ("disconnect", "truncate", "malformed", "error_event", "stall", "s
 HOOK_SETTLE_S = 30.0
 #: A worker sent a SIGTERM must have handed its streams on and exited within this long.
 HANDOFF_GRACE_S = 5.0
+#: Jobs held back from the enqueue until a deploy has handed an attempt on, or the run's
+#: duration has passed: then they start at once and a deploy follows, so that a short run
+#: whose every deploy found its streams ending (a stream drained to its finish, a worker
+#: dead at its failpoint before its first handoff) still has fresh streams to hand on.
+DEPLOY_RESERVE = 3
+#: How often the ledgers are read for a handed-on attempt while none is seen.
+DEPLOY_LOOK_S = 0.5
 #: The failpoint each new worker process arms, in turn. ``after_follow_up`` is hit only where
 #: a worker carried out an outbox entry, ``after_commit`` at every exit: of an odd number of
 #: workers, the first gets one more.
@@ -137,6 +144,9 @@ class Soak:
         #: Workers sent a SIGTERM, with the time by which they must have exited.
         self.handed_off: dict[int, float] = {}
         self._handed_on = False
+        self._handoff_looked = 0.0
+        #: Jobs not enqueued yet for a deploy to meet (``DEPLOY_RESERVE``).
+        self._reserve = 0
         self.frozen: list[tuple[Proc, float]] = []
         self._excess: dict[str, int] = {}
 
@@ -233,27 +243,18 @@ class Soak:
         c = self.config
         client = Client(store.redis)
         start = time.monotonic()
-        enqueue_window = c.duration_s * 0.6
         outages = c.failovers or c.redis_restarts
         restarts_at = [c.duration_s * (i + 1) / (outages + 1) for i in range(outages)]
         next_kill = start + c.kill_every_s
         next_freeze = start + c.freeze_every_s / 2
         next_handoff = start + c.handoff_every_s / 2
+        self._reserve = min(DEPLOY_RESERVE, c.jobs // 4)
         ids: list[str] = []
         while True:
             now = time.monotonic()
             elapsed = now - start
-            due = min(c.jobs, int(c.jobs * min(1.0, elapsed / enqueue_window)) + 1)
-            while len(ids) < due:
-                spec = {
-                    "prompt": _prompt(len(ids)),
-                    "provider": "soak",
-                    "model": "soak-model",
-                    "budget_tokens": 4 * c.completion_tokens,
-                    "exit": {"max_attempts": 50},
-                    "hooks": [HOOK] if _hooked(len(ids)) else [],
-                }
-                ids.append(self._retrying(lambda spec=spec: client.enqueue(spec)))
+            if self._enqueue_due(client, store, ids, elapsed):
+                next_handoff = min(next_handoff, now + DEPLOY_LOOK_S)  # to meet the reserve
             if now >= next_kill:
                 self._kill_one(cluster)
                 next_kill = now + c.kill_every_s * self.rng.uniform(0.5, 1.5)
@@ -262,6 +263,8 @@ class Soak:
                 next_freeze = now + c.freeze_every_s * self.rng.uniform(0.5, 1.5)
             if now >= next_handoff and self._hand_off_one(store):
                 next_handoff = now + c.handoff_every_s * self.rng.uniform(0.5, 1.5)
+                if elapsed >= c.duration_s and not self._handed_on:
+                    next_handoff = now + 2 * DEPLOY_LOOK_S  # overtime: the reserve is short
             self._thaw(now)
             if restarts_at and elapsed >= restarts_at[0]:
                 restarts_at.pop(0)
@@ -276,12 +279,40 @@ class Soak:
         self.frozen.clear()
         return ids
 
+    def _enqueue_due(self, client: Client, store: Store, ids: list[str], elapsed: float) -> bool:
+        """Enqueue the jobs due by now (spread over the first 60% of the run), all but the
+        reserve until a deploy has handed an attempt on or the duration passed. Answers
+        whether the reserve was let go with no attempt handed on yet (a deploy should
+        follow)."""
+        c = self.config
+        due = min(c.jobs, int(c.jobs * min(1.0, elapsed / (c.duration_s * 0.6))) + 1)
+        released = False
+        if self._reserve and (elapsed >= c.duration_s or self._deploys_seen(store, ids, elapsed)):
+            released, self._reserve = not self._handed_on, 0
+        while len(ids) < min(due, c.jobs - self._reserve):
+            spec = {
+                "prompt": _prompt(len(ids)),
+                "provider": "soak",
+                "model": "soak-model",
+                "budget_tokens": 4 * c.completion_tokens,
+                "exit": {"max_attempts": 50},
+                "hooks": [HOOK] if _hooked(len(ids)) else [],
+            }
+            ids.append(self._retrying(lambda spec=spec: client.enqueue(spec)))
+        return released
+
     def _deploys_seen(self, store: Store, ids: list[str], elapsed: float) -> bool:
-        """Whether a deploy has handed an attempt on yet: a SIGTERM can find its worker's
-        streams ended by the time the worker sees it (short runs saw none handed on). The
-        run goes on past its duration until one did, for up to the duration again."""
+        """Whether a deploy has handed an attempt on yet (looked up every
+        ``DEPLOY_LOOK_S``): a SIGTERM can find its worker's streams ended by the time the
+        worker sees it (short runs saw none handed on). The run goes on past its duration
+        until one did, for up to the duration again, with the jobs held back
+        (``DEPLOY_RESERVE``) streaming for a deploy to find."""
         if self._handed_on or elapsed >= 2 * self.config.duration_s:
             return True
+        now = time.monotonic()
+        if now - self._handoff_looked < DEPLOY_LOOK_S:
+            return False
+        self._handoff_looked = now
         try:
             self._handed_on = any(
                 a.get("outcome") == "handoff" for j in ids for a in store.ledger(j)

@@ -33,7 +33,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from resumeq.errors import LeaseLost, RedisUnavailable, StaleRevision, WriteRefused
+from resumeq.errors import (
+    JobNotFound,
+    LeaseLost,
+    RedisUnavailable,
+    StaleRevision,
+    WriteRefused,
+)
 from resumeq.metrics import Histogram
 from resumeq.models import Lease, ResponsePosition
 from resumeq.store import Store, request_id
@@ -392,6 +398,8 @@ class IdleFlusher:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._watched: dict[int, tuple[Checkpointer, Callable[[WriteRefused], None]]] = {}
+        #: Those whose last look failed with an error nobody planned for (logged once).
+        self._failing: set[int] = set()
         self._ids = itertools.count(1)
         self._wake = threading.Event()
         self._closed = False
@@ -413,8 +421,7 @@ class IdleFlusher:
         return token
 
     def unwatch(self, token: int) -> None:
-        with self._lock:
-            self._watched.pop(token, None)
+        self._drop(token)
 
     def watching(self) -> int:
         with self._lock:
@@ -437,6 +444,8 @@ class IdleFlusher:
                     return
                 watched = list(self._watched.items())
             for token, (ckpt, on_refused) in watched:
+                if self._closed:  # an outage makes a round long: no flush after close()
+                    return
                 self._flush(token, ckpt, on_refused)
             tick = min((c.flush_s / 4 for _, (c, _) in watched), default=IDLE_TICK_MAX_S)
             self._wake.wait(min(max(tick, IDLE_TICK_MIN_S), IDLE_TICK_MAX_S))
@@ -445,14 +454,35 @@ class IdleFlusher:
     def _flush(
         self, token: int, ckpt: Checkpointer, on_refused: Callable[[WriteRefused], None]
     ) -> None:
+        """One look at ``ckpt``. A refusal (or the job gone) stops the attempt's stream; any
+        other failure is logged once until a look goes through (the attempt's own writes
+        meet it too), and the flusher goes on with the others."""
         try:
             ckpt.flush_idle()
-        except WriteRefused as exc:
-            with self._lock:
-                if self._watched.pop(token, None) is None:
-                    return  # its attempt let go meanwhile
+        except (WriteRefused, JobNotFound) as exc:
+            if not self._drop(token):
+                return  # its attempt let go meanwhile
             log.warning("job %s: idle flush refused (%s); stopping the stream",
                         ckpt.lease.job_id, exc)  # fmt: skip
-            on_refused(exc)
-        except Exception:  # this thread serves every attempt of the process: it goes on
-            log.exception("job %s: idle flush failed", ckpt.lease.job_id)
+            refused = (
+                exc if isinstance(exc, WriteRefused) else LeaseLost(str(exc), job_id=exc.job_id)
+            )
+            try:
+                on_refused(refused)
+            except Exception:  # this thread serves every attempt of the process: it goes on
+                log.exception("job %s: stopping the stream failed", ckpt.lease.job_id)
+        except Exception:
+            with self._lock:
+                first = token not in self._failing and token in self._watched
+                self._failing.add(token)
+            if first:
+                log.exception("job %s: idle flush failed", ckpt.lease.job_id)
+        else:
+            with self._lock:
+                self._failing.discard(token)
+
+    def _drop(self, token: int) -> bool:
+        """Stop watching ``token``; whether it was still watched."""
+        with self._lock:
+            self._failing.discard(token)
+            return self._watched.pop(token, None) is not None

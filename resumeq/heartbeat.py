@@ -151,7 +151,8 @@ class LeaseKeeper:
                     continue  # released meanwhile
             if isinstance(result, Lease):
                 h.lease = result
-                h._last_renew = self._clock()
+                # From when the renew was sent, not answered: the TTL ran from no earlier.
+                h._last_renew = now
             elif isinstance(result, WriteRefused) or self._lapsed(h):
                 self._drop(h)
                 h._lose(result)

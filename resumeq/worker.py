@@ -539,34 +539,32 @@ class AttemptRunner:
             refused.append(exc)
             on_lost(exc)
 
-        heartbeat = self.ctx.leases.hold(
-            ckpt.lease, on_lost=on_lost, confirmed=lambda: ckpt.lease_confirmed
-        )
-        ckpt.renewed = heartbeat.last_extended
-        watching = self.ctx.handoff.watch(on_handoff)
-        idling = self.ctx.idle.watch(ckpt, on_refused)
         count = Count(0, False, "estimate")
         result = StreamResult(Cut(kind="stream_cut"))
-        try:
-            self._stream(call, result, lost=lost, opened=opened)
-            if not lost.is_set():
-                # A refused reattach's continuation has its own splicer. What it still held
-                # is released at the last event it was fed from, not one that follows it:
-                # the position stays where the seam last stood.
-                splicer = call.splicer
-                ckpt.add(splicer.finish(), splicer.take_tokens(), exact=ckpt.exact)
-                self._until_written(ckpt.flush)  # the text is durable before any counting
-                count = self._count(call, result)
-                self._until_written(lambda: ckpt.settle(count.tokens, exact=count.exact))
-        except (WriteRefused, JobNotFound) as exc:  # a checkpoint refused: stop at once
-            result.lost = exc
-            for stream in opened:
-                stream.close()
-        finally:
-            self.ctx.idle.unwatch(idling)
-            ckpt.close()
-            self.ctx.handoff.unwatch(watching)
-            heartbeat.release()
+        with contextlib.ExitStack() as holding:  # let go in reverse order, whatever happens
+            heartbeat = self.ctx.leases.hold(
+                ckpt.lease, on_lost=on_lost, confirmed=lambda: ckpt.lease_confirmed
+            )
+            holding.callback(heartbeat.release)
+            ckpt.renewed = heartbeat.last_extended
+            holding.callback(self.ctx.handoff.unwatch, self.ctx.handoff.watch(on_handoff))
+            holding.callback(ckpt.close)
+            holding.callback(self.ctx.idle.unwatch, self.ctx.idle.watch(ckpt, on_refused))
+            try:
+                self._stream(call, result, lost=lost, opened=opened)
+                if not lost.is_set():
+                    # A refused reattach's continuation has its own splicer. What it still
+                    # held is released at the last event it was fed from, not one that
+                    # follows it: the position stays where the seam last stood.
+                    splicer = call.splicer
+                    ckpt.add(splicer.finish(), splicer.take_tokens(), exact=ckpt.exact)
+                    self._until_written(ckpt.flush)  # the text is durable before any counting
+                    count = self._count(call, result)
+                    self._until_written(lambda: ckpt.settle(count.tokens, exact=count.exact))
+            except (WriteRefused, JobNotFound) as exc:  # a checkpoint refused: stop at once
+                result.lost = exc
+                for stream in opened:
+                    stream.close()
         if lost.is_set() and result.lost is None:
             result.lost = (
                 heartbeat.lost

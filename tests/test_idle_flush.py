@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from resumeq import keys
 from resumeq.checkpoint import Checkpointer, IdleFlusher
-from resumeq.errors import JobCancelled, RedisUnavailable, WriteRefused
+from resumeq.errors import JobCancelled, LeaseLost, RedisUnavailable, WriteRefused
 from resumeq.models import Acquired, FlushResult, Lease
 from resumeq.store import Store
 from resumeq.testing.processes import wait_for
@@ -196,6 +197,60 @@ def test_the_flusher_goes_on_past_an_unexpected_error(
     wait_for(lambda: a.flushes == 1 and b.flushes == 1, timeout_s=5, what="both flushed")
     assert store.text(one.lease.job_id) == "first " and store.text(two.lease.job_id) == "second "
     assert "idle flush failed" in caplog.text
+
+
+def test_a_job_gone_from_under_an_idle_flush_stops_its_stream_once(
+    real_store: Store, flusher: IdleFlusher
+) -> None:
+    """The job's record vanished (an operator deleted the keys by hand): the stream is
+    stopped as for a lost lease, told once, and the checkpointer is no longer watched."""
+    got = started(real_store)
+    ck = Checkpointer(real_store, got.lease, revision=1, flush_tokens=32, flush_ms=50)
+    refused: list[WriteRefused] = []
+    flusher.watch(ck, refused.append)
+    real_store.redis.delete(keys.job(got.lease.job_id))
+    ck.add("into nothing ", 2, exact=True)
+    wait_for(lambda: refused, timeout_s=5, what="the refusal")
+    time.sleep(0.2)
+    assert len(refused) == 1 and isinstance(refused[0], LeaseLost), refused
+    assert refused[0].job_id == got.lease.job_id and "no job" in str(refused[0])
+    assert flusher.watching() == 0
+
+
+def test_a_failing_stop_does_not_end_the_flusher(real_store: Store, flusher: IdleFlusher) -> None:
+    """The attempt's ``on_refused`` raised: the thread serves the process's other attempts
+    on."""
+    one, two = started(real_store), started(real_store)
+    a = Checkpointer(real_store, one.lease, revision=1, flush_tokens=32, flush_ms=50)
+    b = Checkpointer(real_store, two.lease, revision=1, flush_tokens=32, flush_ms=50)
+
+    def broken_stop(exc: WriteRefused) -> None:
+        raise RuntimeError("the stream would not close")
+
+    flusher.watch(a, broken_stop)
+    real_store.cancel(one.lease.job_id)
+    a.add("refused ", 1, exact=True)
+    wait_for(lambda: flusher.watching() == 0, timeout_s=5, what="the refusal taken")
+    flusher.watch(b, lambda exc: pytest.fail(f"refused: {exc}"))
+    b.add("still flushed ", 2, exact=True)
+    wait_for(lambda: b.flushes == 1, timeout_s=5, what="the other attempt flushed")
+    assert real_store.text(two.lease.job_id) == "still flushed "
+
+
+def test_an_error_that_lasts_is_logged_once_until_a_flush_goes_through(
+    real_store: Store, flusher: IdleFlusher, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = counting(real_store)
+    store.broken = 10**6
+    got = started(store)
+    ck = Checkpointer(store, got.lease, revision=1, flush_tokens=32, flush_ms=20)
+    flusher.watch(ck, lambda exc: None)
+    ck.add("waits ", 1, exact=True)
+    wait_for(lambda: store.calls >= 5, timeout_s=5, what="several failed looks")
+    assert caplog.text.count("idle flush failed") == 1
+    store.broken = 0
+    wait_for(lambda: ck.flushes == 1, timeout_s=5, what="the flush once the error went")
+    assert store.text(got.lease.job_id) == "waits "
 
 
 def test_a_closed_flusher_takes_no_more(flusher: IdleFlusher, real_store: Store) -> None:

@@ -56,12 +56,15 @@ FAULT_KINDS = ("disconnect", "truncate", "malformed", "error_event", "stall", "s
 HOOK_SETTLE_S = 30.0
 #: A worker sent a SIGTERM must have handed its streams on and exited within this long.
 HANDOFF_GRACE_S = 5.0
-#: Jobs held back from the enqueue until a deploy has handed an attempt on, or the run's
-#: duration has passed: then they start at once and a deploy follows, so that a short run
-#: whose every deploy found its streams ending (a stream drained to its finish, a worker
-#: dead at its failpoint before its first handoff) still has fresh streams to hand on.
+#: Jobs held back from the enqueue until a deploy has handed an attempt on. A short run
+#: whose every deploy met its streams ending (drained to their finish, or the worker dead
+#: at its failpoint before its first handoff) goes on past its duration, for up to the
+#: duration again: each round lets one of them go and a deploy follows it at once.
 DEPLOY_RESERVE = 3
-#: How often the ledgers are read for a handed-on attempt while none is seen.
+#: A round of that overtime; its deploy comes this long after the job it let go.
+OVERTIME_ROUND_S = 2.0
+DEPLOY_AFTER_S = 0.5
+#: How often the totals are read for a handed-on attempt while none is seen.
 DEPLOY_LOOK_S = 0.5
 #: The failpoint each new worker process arms, in turn. ``after_follow_up`` is hit only where
 #: a worker carried out an outbox entry, ``after_commit`` at every exit: of an odd number of
@@ -100,6 +103,16 @@ class SoakConfig:
     failpoint_probability: float = 0.05
     seed: int = 7
     settle_timeout_s: float = 240.0
+
+
+@dataclass
+class _Due:
+    """When the soak next kills, freezes, deploys, and (in overtime) lets a job go."""
+
+    kill: float
+    freeze: float
+    handoff: float
+    round: float
 
 
 @dataclass
@@ -245,50 +258,66 @@ class Soak:
         start = time.monotonic()
         outages = c.failovers or c.redis_restarts
         restarts_at = [c.duration_s * (i + 1) / (outages + 1) for i in range(outages)]
-        next_kill = start + c.kill_every_s
-        next_freeze = start + c.freeze_every_s / 2
-        next_handoff = start + c.handoff_every_s / 2
+        due = _Due(
+            kill=start + c.kill_every_s,
+            freeze=start + c.freeze_every_s / 2,
+            handoff=start + c.handoff_every_s / 2,
+            round=start + c.duration_s,
+        )
         self._reserve = min(DEPLOY_RESERVE, c.jobs // 4)
         ids: list[str] = []
         while True:
             now = time.monotonic()
             elapsed = now - start
-            if self._enqueue_due(client, store, ids, elapsed):
-                next_handoff = min(next_handoff, now + DEPLOY_LOOK_S)  # to meet the reserve
-            if now >= next_kill:
-                self._kill_one(cluster)
-                next_kill = now + c.kill_every_s * self.rng.uniform(0.5, 1.5)
-            if now >= next_freeze:
-                self._freeze_one()
-                next_freeze = now + c.freeze_every_s * self.rng.uniform(0.5, 1.5)
-            if now >= next_handoff and self._hand_off_one(store):
-                next_handoff = now + c.handoff_every_s * self.rng.uniform(0.5, 1.5)
-                if elapsed >= c.duration_s and not self._handed_on:
-                    next_handoff = now + 2 * DEPLOY_LOOK_S  # overtime: the reserve is short
-            self._thaw(now)
+            handed_on = self._deploys_seen(store)
+            if handed_on:
+                self._reserve = 0
+            elif now >= due.round and elapsed < 2 * c.duration_s:
+                # overtime: one held-back job now, and a deploy to meet it
+                self._reserve = max(0, self._reserve - 1)
+                due.round = now + OVERTIME_ROUND_S
+                due.handoff = now + DEPLOY_AFTER_S
+            self._enqueue_due(client, ids, elapsed)
+            self._break_things(cluster, store, due, now, overtime=elapsed >= c.duration_s)
             if restarts_at and elapsed >= restarts_at[0]:
                 restarts_at.pop(0)
                 self.chaos.events.append(f"{elapsed:.1f}s {outage()}")
             self._respawn(cluster)
-            ended = elapsed >= c.duration_s and len(ids) >= c.jobs
-            if ended and self._deploys_seen(store, ids, elapsed):
+            if elapsed >= c.duration_s and (handed_on or elapsed >= 2 * c.duration_s):
                 break
             time.sleep(0.05)
         for proc, _ in self.frozen:
             proc.signal_group(signal.SIGCONT)
         self.frozen.clear()
+        # A job still held back (no deploy handed an attempt on in the overtime): enqueued
+        # now, so the run has every job; the check of handoffs then says what happened.
+        self._reserve = 0
+        self._enqueue_due(client, ids, elapsed)
         return ids
 
-    def _enqueue_due(self, client: Client, store: Store, ids: list[str], elapsed: float) -> bool:
+    def _break_things(
+        self, cluster: Cluster, store: Store, due: _Due, now: float, *, overtime: bool
+    ) -> None:
+        """The kills, freezes and deploys that are due; in overtime with no attempt handed
+        on yet, the next deploy waits for the next round's job."""
+        c = self.config
+        if now >= due.kill:
+            self._kill_one(cluster)
+            due.kill = now + c.kill_every_s * self.rng.uniform(0.5, 1.5)
+        if now >= due.freeze:
+            self._freeze_one()
+            due.freeze = now + c.freeze_every_s * self.rng.uniform(0.5, 1.5)
+        if now >= due.handoff and self._hand_off_one(store):
+            due.handoff = now + c.handoff_every_s * self.rng.uniform(0.5, 1.5)
+            if overtime and not self._handed_on:
+                due.handoff = due.round + DEPLOY_AFTER_S
+        self._thaw(now)
+
+    def _enqueue_due(self, client: Client, ids: list[str], elapsed: float) -> None:
         """Enqueue the jobs due by now (spread over the first 60% of the run), all but the
-        reserve until a deploy has handed an attempt on or the duration passed. Answers
-        whether the reserve was let go with no attempt handed on yet (a deploy should
-        follow)."""
+        reserve."""
         c = self.config
         due = min(c.jobs, int(c.jobs * min(1.0, elapsed / (c.duration_s * 0.6))) + 1)
-        released = False
-        if self._reserve and (elapsed >= c.duration_s or self._deploys_seen(store, ids, elapsed)):
-            released, self._reserve = not self._handed_on, 0
         while len(ids) < min(due, c.jobs - self._reserve):
             spec = {
                 "prompt": _prompt(len(ids)),
@@ -299,26 +328,19 @@ class Soak:
                 "hooks": [HOOK] if _hooked(len(ids)) else [],
             }
             ids.append(self._retrying(lambda spec=spec: client.enqueue(spec)))
-        return released
 
-    def _deploys_seen(self, store: Store, ids: list[str], elapsed: float) -> bool:
-        """Whether a deploy has handed an attempt on yet (looked up every
-        ``DEPLOY_LOOK_S``): a SIGTERM can find its worker's streams ended by the time the
-        worker sees it (short runs saw none handed on). The run goes on past its duration
-        until one did, for up to the duration again, with the jobs held back
-        (``DEPLOY_RESERVE``) streaming for a deploy to find."""
-        if self._handed_on or elapsed >= 2 * self.config.duration_s:
-            return True
+    def _deploys_seen(self, store: Store) -> bool:
+        """Whether a deploy has handed an attempt on yet, from the totals the ledger
+        records add to (read every ``DEPLOY_LOOK_S``, until one is seen)."""
         now = time.monotonic()
-        if now - self._handoff_looked < DEPLOY_LOOK_S:
-            return False
+        if self._handed_on or now - self._handoff_looked < DEPLOY_LOOK_S:
+            return self._handed_on
         self._handoff_looked = now
         try:
-            self._handed_on = any(
-                a.get("outcome") == "handoff" for j in ids for a in store.ledger(j)
-            )
+            totals = store.totals()
         except Exception:  # Redis restarting: look again at the next turn
             return False
+        self._handed_on = any(k.endswith(":handoff") and n for k, n in totals.items())
         return self._handed_on
 
     def _retrying(self, fn: Any) -> Any:
@@ -354,7 +376,8 @@ class Soak:
                     held[pid] = held.get(pid, 0) + 1
         except Exception:  # Redis restarting: any worker will do
             held = {}
-        busy = [w for w in busy if held.get(w.pid)]
+        # Not one already handing off: a second signal is a cold stop.
+        busy = [w for w in busy if held.get(w.pid) and w.pid not in self.handed_off]
         if not busy:
             return False
         victim = max(busy, key=lambda w: (held[w.pid], self.rng.random()))

@@ -100,7 +100,8 @@ class Checkpointer:
         self._last_flush = clock()
         #: When a flush of this checkpointer last extended the lease.
         self.lease_confirmed = clock()
-        #: When the lease keeper last renewed the lease (set by the attempt; same clock).
+        #: When the lease keeper last knew the lease extended, by a renewal or by a flush
+        #: of this checkpointer's (set by the attempt; the same clock).
         self.renewed: Callable[[], float] | None = None
         #: This attempt's output tokens flushed so far, and the characters persisted.
         self.flushed_tokens = 0
@@ -364,8 +365,7 @@ class Checkpointer:
         """When the lease was last known extended: by a flush, or by a renewal (a stream
         whose provider paused longer than the TTL has had no flush, but its lease is
         fresh)."""
-        renewed = self.renewed() if self.renewed is not None else self.lease_confirmed
-        return max(self.lease_confirmed, renewed)
+        return self.renewed() if self.renewed is not None else self.lease_confirmed
 
     def _unreachable(self, exc: RedisUnavailable) -> None:
         lapsed = self._clock() - self.lease_extended()
@@ -473,13 +473,15 @@ class IdleFlusher:
                 log.exception("job %s: stopping the stream failed", ckpt.lease.job_id)
         except Exception:
             with self._lock:
-                first = token not in self._failing and token in self._watched
-                self._failing.add(token)
+                first = token in self._watched and token not in self._failing
+                if first:
+                    self._failing.add(token)
             if first:
                 log.exception("job %s: idle flush failed", ckpt.lease.job_id)
         else:
-            with self._lock:
-                self._failing.discard(token)
+            if token in self._failing:
+                with self._lock:
+                    self._failing.discard(token)
 
     def _drop(self, token: int) -> bool:
         """Stop watching ``token``; whether it was still watched."""

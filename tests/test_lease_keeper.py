@@ -106,3 +106,39 @@ def test_a_recent_flush_spares_a_renew_and_release_stops_renewing(real_store: St
         keeper.close()
     with pytest.raises(RuntimeError, match="closed"):
         keeper.hold(got.lease, on_lost=lambda e: None, confirmed=lambda: 0.0)
+
+
+class SlowStore(Store):
+    """Answers each batched renewal ``delay_s`` after it was asked, noting when."""
+
+    delay_s = 0.3
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.asked: list[float] = []
+
+    def renew_many(self, leases: Sequence[Lease]) -> list[Lease | StoreError]:
+        self.asked.append(time.monotonic())
+        renewed = super().renew_many(leases)
+        time.sleep(self.delay_s)
+        return renewed
+
+
+@pytest.mark.timeout(20)
+def test_a_renewal_counts_from_when_it_was_asked_not_answered(real_store: Store) -> None:
+    """The TTL runs from when Redis renewed the lease, which is no later than when the
+    keeper asked: a slow answer must not make the lease look fresher than it is."""
+    store = SlowStore(real_store.redis)
+    keeper = LeaseKeeper(store)
+    try:
+        got = store.acquire(store.create(SPEC).id, worker="w", ttl_ms=3000)  # renewed each 1 s
+        held = keeper.hold(got.lease, on_lost=lambda e: None, confirmed=lambda: 0.0)
+        deadline = time.monotonic() + 5
+        while not store.asked and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.asked, "no renewal was asked"
+        time.sleep(store.delay_s + 0.2)  # answered and taken, the next one not yet due
+        assert len(store.asked) == 1
+        assert held.last_extended() <= store.asked[0]
+    finally:
+        keeper.close()

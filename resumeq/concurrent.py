@@ -214,6 +214,8 @@ class ConcurrentWorker(BaseWorker):
     ) -> bool:
         """Dequeue and run attempts until told to stop (``burst``: until the queues are
         empty and nothing runs); answers whether any attempt ran."""
+        # Before the registration: a worker RQ lists is one a janitor sees beating.
+        self.ctx.presence.start()
         self.bootstrap(logging_level)
         version = self.get_redis_server_version()
         if version and version < (6, 0, 0):  # a blocking pop's timeout in whole seconds

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
-import socket
 import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import httpx
 import redis
@@ -25,7 +24,9 @@ from resumeq import keys
 from resumeq.checkpoint import IdleFlusher
 from resumeq.connection import connect
 from resumeq.heartbeat import LeaseKeeper
+from resumeq.identity import process_name
 from resumeq.pacing import FULL_AT, paced_transport
+from resumeq.presence import Presence
 from resumeq.settings import ProviderProfile, Settings, load_settings
 from resumeq.store import Store
 
@@ -129,24 +130,30 @@ class WorkerContext:
     store: Store
     redis: redis.Redis
     http: HttpClients
-    #: Who this process is, in fencing tokens and ledger records.
+    #: Who this process is, in RQ, in fencing tokens and ledger records
+    #: (:func:`resumeq.identity.process_name`: unique per incarnation).
     name: str
     pid: int
     #: Keeps the leases of every attempt this process runs (one thread, started on use).
     leases: LeaseKeeper
+    #: This process's presence beat (one thread, started by the worker's loop and before
+    #: any lease is taken; a janitor's is never started).
+    presence: Presence
     handoff: Handoff = field(default_factory=Handoff)
     #: Flushes the checkpoints of streams whose provider went quiet (one thread, on use).
     idle: IdleFlusher = field(default_factory=IdleFlusher)
 
     def close(self) -> None:
-        """Stop renewing leases and flushing, close the HTTP clients and the Redis
+        """Stop renewing leases, flushing and beating, close the HTTP clients and the Redis
         connections."""
         self.idle.close()
         self.leases.close()
+        self.presence.close()
         self.http.close()
         self.redis.close()
-        if self.leases.store.redis is not self.redis:
-            self.leases.store.redis.close()
+        for other in (self.leases.store.redis, self.presence.client):
+            if other is not self.redis:
+                other.close()
 
 
 _CURRENT: WorkerContext | None = None
@@ -160,11 +167,6 @@ def preload() -> None:
     global _SSL_CONTEXT  # noqa: PLW0603 - one per process tree, by design
     if _SSL_CONTEXT is None:
         _SSL_CONTEXT = httpx.create_ssl_context()
-
-
-def worker_name() -> str:
-    host = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:60] or "host"
-    return f"{host}-{os.getpid()}"
 
 
 def redis_pool_size(concurrency: int) -> int:
@@ -183,15 +185,15 @@ def redis_client(
     *,
     concurrency: int = 1,
     pool_size: int | None = None,
-    name: str | None = None,
+    client_name: str | None = None,
 ) -> redis.Redis:
     """A client that fails fast and never re-sends on its own: a Redis call that hangs
     would hold up the stream, and the checkpointer, the heartbeat and the store re-send
     their writes themselves, recognisably, until the lease would have expired. Its pool is
     bounded (:func:`redis_pool_size`); a caller that finds every connection busy waits
-    for one, up to the same timeout. ``name``: the worker whose connections these are,
-    each named for it (:func:`resumeq.keys.worker_client_name`, set again on every
-    reconnect): the janitor knows a worker died when none is left."""
+    for one, up to the same timeout. ``client_name``: what each of its connections is
+    called (set again on every reconnect; :func:`resumeq.keys.worker_client_name` for a
+    worker's: the janitor knows a worker died when none is left)."""
     timeout = max(1.0, settings.file.worker.lease_ttl_ms / 3000)
     return connect(
         settings.redis_url,
@@ -200,20 +202,29 @@ def redis_client(
         health_check_interval=30,
         pool_size=pool_size or redis_pool_size(concurrency),
         pool_timeout_s=timeout,
-        client_name=keys.worker_client_name(name) if name else None,
+        client_name=client_name,
     )
 
 
-def build_context(settings: Settings, *, concurrency: int = 1) -> WorkerContext:
-    name = worker_name()
-    client = redis_client(settings, concurrency=concurrency, name=name)
+def build_context(
+    settings: Settings, *, concurrency: int = 1, role: Literal["worker", "janitor"] = "worker"
+) -> WorkerContext:
+    """The context of a worker process (or of a janitor's: its connections are named as a
+    janitor's, which liveness never takes for a worker's)."""
+    name = process_name()
+    named = keys.worker_client_name(name) if role == "worker" else keys.janitor_client_name(name)
+    client = redis_client(settings, concurrency=concurrency, client_name=named)
     file = settings.file
     store = Store(client, settings=file.store, limits=file.limits)
     # The lease keeper renews on a connection of its own: checkpoints queueing for the
-    # shared pool never hold up a renewal (a late renewal is a lost lease).
+    # shared pool never hold up a renewal (a late renewal is a lost lease); so does the
+    # presence beat, which a reset must never find waiting behind anything.
     renewing = Store(
-        redis_client(settings, pool_size=1, name=name), settings=file.store, limits=file.limits
+        redis_client(settings, pool_size=1, client_name=named),
+        settings=file.store,
+        limits=file.limits,
     )
+    beat = redis_client(settings, pool_size=1, client_name=named)
     return WorkerContext(
         settings=settings,
         store=store,
@@ -222,6 +233,7 @@ def build_context(settings: Settings, *, concurrency: int = 1) -> WorkerContext:
         name=name,
         pid=os.getpid(),
         leases=LeaseKeeper(renewing),
+        presence=Presence(beat, name),
     )
 
 

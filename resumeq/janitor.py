@@ -57,12 +57,14 @@ from resumeq.gate import Cut, Decision, JobView, decide, pacing
 from resumeq.ledger import AttemptRecord
 from resumeq.liveness import Liveness
 from resumeq.models import Acquired, JobRecord, JobState, lease_holder
+from resumeq.presence import present
 from resumeq.queueing import (
     DeadAttempt,
     attempts_pending,
     discard_attempt,
     enqueue_attempt,
     enqueue_overdue,
+    retire_workers,
     rq_queue,
     settle_dead_attempts,
 )
@@ -149,23 +151,36 @@ class Janitor:
             log.warning("%s: %s", self.name, exc)
 
     def check_liveness(self) -> SweepReport:
-        """One look at the workers' connections (one ``CLIENT LIST``); the jobs of workers
-        found dead by it are reaped at once (:mod:`resumeq.liveness`)."""
+        """One look at the workers' connections (one ``CLIENT LIST``); a worker missing
+        from two looks whose presence key is gone too (:mod:`resumeq.liveness`) is dead:
+        the jobs it leased are reaped at once, and its RQ registration is retired
+        (``rq info`` and rq-dashboard stop listing it, and its executions are settled)."""
         report = SweepReport()
         with redis_errors("client list"):
             clients = self.ctx.redis.client_list(_type="normal")
         names = [_text(c.get("name", "")) for c in clients]
-        dead = self._liveness.observe(names, time.monotonic())
-        if dead:
-            held = self.store.leases_held_by(set(dead))
-            if held:
-                self._reap_batch(report, list(held), dead_tokens=held)
-            log.info(
-                "%s: worker(s) %s gone (every connection closed): reaped %d job(s) at once",
-                self.name,
-                ", ".join(dead),
-                len(report.reaped),
-            )
+        suspects = self._liveness.observe(names, time.monotonic())
+        if not suspects:
+            return report
+        with redis_errors("presence"):
+            alive = present(self.ctx.redis, suspects)
+        dead = [w for w in suspects if w not in alive]
+        if not dead:
+            return report
+        for worker in dead:
+            self._liveness.dead(worker)
+        held = self.store.leases_held_by(set(dead))
+        if held:
+            self._reap_batch(report, list(held), dead_tokens=held)
+        retired = self._safe(report, retire_workers, self.ctx.redis, dead) or []
+        log.info(
+            "%s: worker(s) %s gone (every connection closed, no presence): reaped %d job(s) "
+            "at once%s",
+            self.name,
+            ", ".join(dead),
+            len(report.reaped),
+            f", retired {len(retired)} RQ registration(s)" if retired else "",
+        )
         return report
 
     def run(

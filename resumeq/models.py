@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from resumeq.identity import pid_of
 from resumeq.spec import JobSpec, Limits
 
 
@@ -52,10 +53,9 @@ def lease_holder(token: str | None) -> str | None:
 
 
 def holder_pid(token: str | None) -> int | None:
-    """The process id in the name of the worker a lease token names (``host-PID``, as
-    :func:`resumeq.context.worker_name` makes it), or None."""
-    _, _, pid = (lease_holder(token) or "").rpartition("-")
-    return int(pid) if pid.isdigit() else None
+    """The process id in the name of the worker a lease token names (``HOST-PID-NONCE``,
+    as :func:`resumeq.identity.process_name` makes it), or None."""
+    return pid_of(lease_holder(token))
 
 
 class JobRecord(BaseModel):

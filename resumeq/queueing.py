@@ -18,11 +18,14 @@ from typing import Any
 import redis
 from rq import Queue
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
-from rq.executions import Execution, ExecutionRegistry
+from rq.executions import WORKER_EXECUTIONS_KEY_TEMPLATE, Execution, ExecutionRegistry
 from rq.job import Job, JobStatus
 from rq.job_lifecycle import record_job_failure
 from rq.registry import CanceledJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
+from rq.utils import now, utcformat
+from rq.worker import Worker
+from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
 from resumeq import due, keys
 from resumeq.store import SPILL_QUEUE, check_queue, decode
@@ -47,6 +50,14 @@ def rq_queue(name: str, connection: redis.Redis) -> Queue:
 
 def attempt_rq_id(job_id: str, attempt: int) -> str:
     return f"{job_id}-a{attempt}"
+
+
+def attempt_of(rq_id: str) -> tuple[str, int] | None:
+    """The job id and attempt an attempt's RQ job id names, or None (another RQ job)."""
+    job_id, sep, attempt = rq_id.rpartition("-a")
+    if not sep or not attempt.isdigit() or not keys.JOB_ID_RE.match(job_id):
+        return None
+    return job_id, int(attempt)
 
 
 def hook_rq_id(job_id: str, hook: str) -> str:
@@ -434,3 +445,52 @@ def _started_recently(job: Job) -> bool:
     if started.tzinfo is None:
         started = started.replace(tzinfo=UTC)
     return (datetime.now(UTC) - started).total_seconds() < STARTED_GRACE_S
+
+
+def retire_workers(connection: redis.Redis, names: Sequence[str]) -> list[str]:
+    """Retire the RQ registrations of workers found dead, as each would have registered
+    its death (a SIGKILL leaves ``rq info`` and rq-dashboard listing a worker, busy, until
+    RQ's worker TTL runs out: minutes). The attempts they were running that RQ still counts
+    started are settled as canceled first (their jobs were handed on; RQ's own registry
+    clean-up would later call them failed). Answers the names that were registered."""
+    prefix = Worker.redis_worker_namespace_prefix
+    with connection.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.hmget(prefix + name, "queues", "death")
+            pipe.smembers(WORKER_EXECUTIONS_KEY_TEMPLATE.format(name))
+        replies = pipe.execute() if names else []
+    registered: list[tuple[str, list[str]]] = []
+    running: list[DeadAttempt] = []
+    for name, (queues, death), executions in zip(names, replies[::2], replies[1::2], strict=True):
+        if queues is not None and death is None:
+            registered.append((name, [q for q in decode(queues).split(",") if q]))
+        for composite in executions:
+            found = attempt_of(decode(composite).rpartition(":")[0])
+            if found is not None:
+                running.append(DeadAttempt(*found, failed=None))
+    settle_dead_attempts(connection, _still_started(connection, running))
+    stamp = utcformat(now())
+    with connection.pipeline() as pipe:
+        for name, queues in registered:
+            key = prefix + name
+            pipe.srem(REDIS_WORKER_KEYS, key)
+            for queue in queues:
+                pipe.srem(WORKERS_BY_QUEUE_KEY % queue, key)
+            pipe.hset(key, "death", stamp)
+            pipe.expire(key, 60)
+            pipe.delete(WORKER_EXECUTIONS_KEY_TEMPLATE.format(name))
+        if registered:
+            pipe.execute()
+    return [name for name, _ in registered]
+
+
+def _still_started(connection: redis.Redis, attempts: list[DeadAttempt]) -> list[DeadAttempt]:
+    """Those of ``attempts`` whose RQ job is still started (one a janitor already settled,
+    failed or canceled, is left as it is)."""
+    if not attempts:
+        return []
+    with connection.pipeline(transaction=False) as pipe:
+        for item in attempts:
+            pipe.hget(Job.key_for(attempt_rq_id(item.job_id, item.attempt)), "status")
+        statuses = pipe.execute()
+    return [a for a, s in zip(attempts, statuses, strict=True) if _status(s) == JobStatus.STARTED]

@@ -186,6 +186,7 @@ class AttemptRunner:
         self.dequeued_ms = dequeued_ms
         if from_spill:
             self._take_from_spill(job_id)
+        self.ctx.presence.start()  # never a lease held by a process that shows no presence
         try:
             got = self.store.acquire(job_id, worker=self.ctx.name, ttl_ms=self.worker.lease_ttl_ms)
         except (InvalidTransition, JobNotFound) as exc:

@@ -66,6 +66,8 @@ def make_world(
     redis_url: str,
     *,
     store_settings: dict[str, Any] | None = None,
+    profile_settings: dict[str, Any] | None = None,
+    janitor_settings: dict[str, Any] | None = None,
     **worker: Any,
 ) -> Iterator[World]:
     profile = {
@@ -76,6 +78,7 @@ def make_world(
         # Well past what a starved machine takes to answer: a tighter clock cuts streams
         # the tests did not cut (a 429 read as a timeout, a retry too early).
         "stall_timeout_s": 3.0,
+        **(profile_settings or {}),
     }
     settings = {"flush_tokens": 8, "flush_ms": 250, "lease_ttl_ms": 2000}
     settings.update(worker)
@@ -107,7 +110,7 @@ def make_world(
                 },
             },
             "worker": settings,
-            "janitor": {"interval_s": 0.3},
+            "janitor": {"interval_s": 0.3, **(janitor_settings or {})},
             **({"store": store_settings} if store_settings else {}),
         },
     )

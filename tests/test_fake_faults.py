@@ -174,6 +174,32 @@ def test_stall_sends_no_bytes_for_the_given_seconds_then_closes(
     assert last_entry(fake)["outcome"] == "stall"
 
 
+@pytest.mark.parametrize("wire", WIRES)
+def test_a_pause_sends_only_keep_alives_then_the_rest_of_the_answer(
+    fake: FakeProvider, http: httpx.Client, wire: str
+) -> None:
+    path, body = WIRES[wire]
+    fake.add_faults([{"kind": "pause", "after_tokens": 3, "seconds": 1.0, "keepalive_s": 0.3}])
+    got = receive(http, path, body)
+    assert got.error is None
+    assert got.text() == fake.canonical_text(MESSAGES)  # nothing lost, nothing twice
+    gaps = [b - a for a, b in zip(got.arrivals, got.arrivals[1:], strict=False)]
+    assert 0.9 <= max(gaps) < 5  # one quiet second mid-answer (keep-alives are no events)
+    entry = last_entry(fake)
+    assert entry["outcome"] == "finished" and entry["fault"]["kind"] == "pause"
+
+
+def test_a_paused_answer_that_is_not_streamed_comes_whole_and_late(
+    fake: FakeProvider, http: httpx.Client
+) -> None:
+    fake.add_faults([{"kind": "pause", "seconds": 0.5}])
+    started = time.monotonic()
+    reply = http.post("/v1/chat/completions", json={**OPENAI_BODY, "stream": False})
+    assert reply.status_code == 200 and time.monotonic() - started >= 0.5
+    content = reply.json()["choices"][0]["message"]["content"]
+    assert content == fake.canonical_text(MESSAGES)
+
+
 def test_a_stall_trips_a_read_timeout(fake: FakeProvider, http: httpx.Client) -> None:
     fake.add_faults([{"kind": "stall", "after_tokens": 1, "seconds": 1.0}])
     got = receive(http, *WIRES["openai"], timeout=httpx.Timeout(5, read=0.3))

@@ -384,6 +384,13 @@ def test_faults_cut_the_reader_or_fail_the_response(fake: FakeProvider, sdk: ope
     assert events[-1].response.error.code == "server_error"
     failed = sdk.responses.retrieve(events[0].response.id)
     assert failed.status == "failed"
+    # A pause: the reader hears nothing for a while, then the rest of the same response.
+    fake.add_faults([{"kind": "pause", "after_tokens": 3, "seconds": 0.5}])
+    started = time.monotonic()
+    events = list(sdk.responses.create(model="m", input=PROMPT, stream=True, background=True))
+    assert events[-1].type == "response.completed" and time.monotonic() - started >= 0.5
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == events[-1].response.output_text
 
 
 def test_faults_inside_the_reasoning_and_past_the_end(

@@ -57,7 +57,7 @@ def worker(obj: Context, queues: tuple[str, ...], burst: bool, concurrency: int 
 def janitor(obj: Context, once: bool, interval: float | None, as_json: bool) -> None:
     """Reap jobs whose worker died and resume, spill or abandon them."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    sweeper = Janitor(build_context(obj.settings))
+    sweeper = Janitor(build_context(obj.settings, role="janitor"))
     if once:
         report = sweeper.sweep()
         info = {

@@ -21,6 +21,7 @@ FaultKind = Literal[
     "truncate",
     "malformed",
     "stall",
+    "pause",
     "error_event",
     "status",
     "sequence_skip",
@@ -39,6 +40,9 @@ class Fault(BaseModel):
     - ``stall``: after ``after_tokens`` tokens send nothing for ``seconds``, then close; with
       ``keepalive_s``, an SSE comment (``: keep-alive``) every that many seconds meanwhile,
       as providers keep an idle stream open: bytes, no content.
+    - ``pause``: as ``stall``, but the stream then goes on to its end, as a provider that
+      thinks, or is busy, for a while mid-answer does (a non-streamed answer comes whole,
+      ``seconds`` late).
     - ``error_event``: after ``after_tokens`` tokens send the wire's in-band error, then end.
     - ``status``: answer ``status`` at once with the wire's error body; ``retry_after`` (if
       set) goes into the ``Retry-After`` header, in seconds.

@@ -347,11 +347,15 @@ class FakeHandler(BaseHTTPRequestHandler):
                     self.wfile.write(chunk(data) + END)
                     return
                 if event.tokens and tokens == cut_at and fault is not None:
-                    if fault.kind == "sequence_skip":
+                    if fault.kind == "pause":  # a quiet while, then the rest
+                        pause(fault.seconds, self.state.stopped, self.connection)
+                        fault, cut_at = None, -1
+                    elif fault.kind == "sequence_skip":
                         skipped = True
                         continue
-                    self._cut_reader(fault, data, last)
-                    return
+                    else:
+                        self._cut_reader(fault, data, last)
+                        return
                 self.wfile.write(chunk(data))
                 tokens += event.tokens
                 last = data if event.tokens else last
@@ -451,6 +455,10 @@ class FakeHandler(BaseHTTPRequestHandler):
 
     def _complete(self, call: Call) -> None:
         wire, exchange, fault, completion = call.wire, call.exchange, call.fault, call.completion
+        if fault is not None and fault.kind == "pause":  # the whole answer, that much later
+            with contextlib.suppress(OSError):
+                pause(fault.seconds, self.state.stopped, self.connection)
+            fault = None
         cut = completion.tokens if fault is None else min(fault.after_tokens, completion.tokens)
         reasoning, pieces = completion.head(cut)
         output = Output("".join(pieces), "".join(reasoning), cut, len(reasoning))

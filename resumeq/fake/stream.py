@@ -7,7 +7,8 @@ reasoning and text counted together, before anything else is sent (a group is cu
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from resumeq.fake.faults import Fault
@@ -62,28 +63,25 @@ def stream_steps(
     """The completion's pieces as chunks, with the pauses between them (``delay_s`` per token,
     none before the first). What sends the chunks and keeps the pauses is the caller's
     (:mod:`resumeq.fake.pacer`); a connection to drop is dropped there too."""
-    cut_at = min(fault.after_tokens, completion.tokens) if fault is not None else -1
+    cut_at = pause_at = -1
+    if fault is not None and fault.kind == "pause":  # before a token, so never past the last
+        pause_at = min(fault.after_tokens, max(completion.tokens - 1, 0))
+    elif fault is not None:
+        cut_at = min(fault.after_tokens, completion.tokens)
     emitted = 0
     for data in fmt.opening():
         yield chunk(data)
     for part, pieces in completion.parts():
-        journal = exchange.reasoning_pieces if part == "reasoning" else exchange.pieces
         for data in fmt.start(part):
             yield chunk(data)
-        sent = 0
-        while sent < len(pieces) and emitted != cut_at:
-            size = min(fmt.group(part, emitted), len(pieces) - sent)
-            if cut_at >= 0:
-                size = min(size, cut_at - emitted)
-            # The pause is per token; none before the first.
-            pause = delay_s * (size - 1 if emitted == 0 else size)
-            if pause and (yield pause):
-                exchange.outcome = "server_stopped"
-                return False
-            group = pieces[sent : sent + size]
-            yield chunk(fmt.delta(part, "".join(group), emitted + size))
-            journal.extend(group)
-            sent, emitted = sent + size, emitted + size
+        marks = _Marks(cut_at, pause_at, fault, delay_s)
+        emitted = yield from _deltas(
+            fmt, part, pieces, exchange=exchange, emitted=emitted, marks=marks
+        )
+        if emitted < 0:
+            exchange.outcome = "server_stopped"
+            return False
+        pause_at = marks.pause_at
         if emitted == cut_at and fault is not None:
             return (yield from _apply(fmt, fault, exchange))
         for data in fmt.stop(part):
@@ -94,6 +92,49 @@ def stream_steps(
     exchange.outcome = "finished"
     exchange.finish_reason = completion.finish
     return True
+
+
+@dataclass
+class _Marks:
+    """Where a stream's fault falls (-1: nowhere), and the pace."""
+
+    cut_at: int
+    pause_at: int
+    fault: Fault | None
+    delay_s: float
+
+
+def _deltas(
+    fmt: StreamFormat,
+    part: Part,
+    pieces: Sequence[str],
+    *,
+    exchange: Exchange,
+    emitted: int,
+    marks: _Marks,
+) -> Generator[Step, bool | None, int]:
+    """One part's deltas, up to a cut; a pause fault is kept where it falls. Answers the
+    tokens emitted in all, or -1 when the server stopped meanwhile."""
+    journal = exchange.reasoning_pieces if part == "reasoning" else exchange.pieces
+    sent = 0
+    while sent < len(pieces) and emitted != marks.cut_at:
+        if emitted == marks.pause_at and marks.fault is not None:
+            marks.pause_at = -1
+            if (yield from quiet(marks.fault)):  # quiet mid-answer, then the rest
+                return -1
+        size = min(fmt.group(part, emitted), len(pieces) - sent)
+        for mark in (marks.cut_at, marks.pause_at):
+            if mark > emitted:
+                size = min(size, mark - emitted)
+        # The pause is per token; none before the first.
+        pause = marks.delay_s * (size - 1 if emitted == 0 else size)
+        if pause and (yield pause):
+            return -1
+        group = pieces[sent : sent + size]
+        yield chunk(fmt.delta(part, "".join(group), emitted + size))
+        journal.extend(group)
+        sent, emitted = sent + size, emitted + size
+    return emitted
 
 
 def _apply(fmt: StreamFormat, fault: Fault, exchange: Exchange) -> Steps:
@@ -116,16 +157,20 @@ def _apply(fmt: StreamFormat, fault: Fault, exchange: Exchange) -> Steps:
             yield chunk(data)
         yield END
         return True
-    if fault.kind == "stall" and fault.seconds > 0:
-        # Ended early by a stop, it closes all the same.
-        if fault.keepalive_s is None:
-            yield fault.seconds
-            return False
-        left = fault.seconds
-        while left > 0:
-            step = min(fault.keepalive_s, left)
-            yield step
-            left -= step
-            if left > 0:
-                yield chunk(KEEPALIVE)
+    if fault.kind == "stall":
+        yield from quiet(fault)  # ended early by a stop, it closes all the same
+    return False
+
+
+def quiet(fault: Fault) -> Generator[Step, bool | None, bool]:
+    """``fault.seconds`` of no content, with a keep-alive comment every ``keepalive_s``;
+    answers True when the server stopped meanwhile."""
+    left = fault.seconds
+    while left > 0:
+        step = left if fault.keepalive_s is None else min(fault.keepalive_s, left)
+        if (yield step):
+            return True
+        left -= step
+        if left > 0 and fault.keepalive_s is not None:
+            yield chunk(KEEPALIVE)
     return False

@@ -52,6 +52,7 @@ from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
 from resumeq import due, heap
+from resumeq.capabilities import server_version
 from resumeq.context import WorkerContext
 from resumeq.due import DueScheduler
 from resumeq.errors import ResumeqError
@@ -175,8 +176,8 @@ class ConcurrentWorker(BaseWorker):
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        self.ctx = ctx  # before RQ's own start: it names a connection (or not, by ctx)
         super().__init__(list(queues), connection=connection, name=ctx.name, **kwargs)
-        self.ctx = ctx
         self.concurrency = concurrency
         self._slots = threading.Semaphore(concurrency)
         self._lock = threading.Lock()
@@ -191,6 +192,7 @@ class ConcurrentWorker(BaseWorker):
         self._last_start = 0.0
         self._last_trim = time.monotonic()
         self._due: DueScheduler | None = None
+        self._server_version: tuple[int, int, int] | None = None
         self._burst_waits_for: set[str] = set()
         self._burst_next_look = 0.0
 
@@ -199,6 +201,13 @@ class ConcurrentWorker(BaseWorker):
     def in_flight(self) -> int:
         with self._lock:
             return len(self._running)
+
+    def get_redis_server_version(self) -> tuple[int, int, int]:
+        """RQ asks ``INFO``, which a ``-@dangerous`` ACL denies, and then takes the server
+        for Redis 5 (blocking pops in whole seconds); ``HELLO`` answers too."""
+        if self._server_version is None:
+            self._server_version = server_version(self.connection) or (5, 0, 9)
+        return self._server_version
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         return int(HEARTBEAT_INTERVAL_S * 2) + 60

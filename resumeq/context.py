@@ -15,7 +15,6 @@ import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import httpx
 import redis
@@ -139,6 +138,8 @@ class WorkerContext:
     #: This process's presence beat (one thread, started by the worker's loop and before
     #: any lease is taken; a janitor's is never started).
     presence: Presence
+    #: Whether its connections carry its name (False where Redis refuses CLIENT SETNAME).
+    named: bool = True
     handoff: Handoff = field(default_factory=Handoff)
     #: Flushes the checkpoints of streams whose provider went quiet (one thread, on use).
     idle: IdleFlusher = field(default_factory=IdleFlusher)
@@ -206,25 +207,24 @@ def redis_client(
     )
 
 
-def build_context(
-    settings: Settings, *, concurrency: int = 1, role: Literal["worker", "janitor"] = "worker"
-) -> WorkerContext:
-    """The context of a worker process (or of a janitor's: its connections are named as a
-    janitor's, which liveness never takes for a worker's)."""
+def build_context(settings: Settings, *, concurrency: int = 1, named: bool = True) -> WorkerContext:
+    """The context of a worker process. ``named``: its connections carry its name (what
+    liveness reads); False for a janitor's (it holds no leases), and where Redis refuses
+    ``CLIENT SETNAME`` (:mod:`resumeq.capabilities`)."""
     name = process_name()
-    named = keys.worker_client_name(name) if role == "worker" else keys.janitor_client_name(name)
-    client = redis_client(settings, concurrency=concurrency, client_name=named)
+    client_name = keys.worker_client_name(name) if named else None
+    client = redis_client(settings, concurrency=concurrency, client_name=client_name)
     file = settings.file
     store = Store(client, settings=file.store, limits=file.limits)
     # The lease keeper renews on a connection of its own: checkpoints queueing for the
     # shared pool never hold up a renewal (a late renewal is a lost lease); so does the
     # presence beat, which a reset must never find waiting behind anything.
     renewing = Store(
-        redis_client(settings, pool_size=1, client_name=named),
+        redis_client(settings, pool_size=1, client_name=client_name),
         settings=file.store,
         limits=file.limits,
     )
-    beat = redis_client(settings, pool_size=1, client_name=named)
+    beat = redis_client(settings, pool_size=1, client_name=client_name)
     return WorkerContext(
         settings=settings,
         store=store,
@@ -234,6 +234,7 @@ def build_context(
         pid=os.getpid(),
         leases=LeaseKeeper(renewing),
         presence=Presence(beat, name),
+        named=named,
     )
 
 

@@ -37,6 +37,7 @@ from rq.scripts import _build_hset_args
 from rq.utils import now, utcformat
 
 from resumeq import keys
+from resumeq.capabilities import server_version
 from resumeq.store import SPILL_QUEUE, decode
 
 log = logging.getLogger(__name__)
@@ -179,8 +180,8 @@ class DueScheduler:
 
     def start(self) -> DueScheduler:
         try:
-            version = self.connection.info("server").get("redis_version", "6")
-            self._can_block = int(str(version).split(".")[0]) >= 6
+            version = server_version(self.connection)
+            self._can_block = version is None or version >= (6, 0, 0)
         except redis.RedisError:
             pass
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)

@@ -36,9 +36,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, TypeVarTuple
 
+import redis
 from rq.registry import clean_registries
 
 from resumeq import due, failpoints, ops, outbox
+from resumeq.capabilities import Refusal, is_refusal, refusal, refused, warning
 from resumeq.context import WorkerContext
 from resumeq.counting import estimate
 from resumeq.errors import (
@@ -118,6 +120,8 @@ class Janitor:
         self._last_registry_clean = 0.0
         self._liveness = Liveness(ctx.settings.file.janitor.liveness_interval_ms / 1000.0)
         self._last_look = float("-inf")
+        #: False once Redis refused ``CLIENT LIST``: dead workers are found by their leases.
+        self.looks = ctx.settings.file.janitor.liveness_interval_ms > 0
 
     def sweep(self) -> SweepReport:
         report = SweepReport()
@@ -198,6 +202,8 @@ class Janitor:
         interval."""
         stop = stop or threading.Event()
         log.info("%s sweeping every %.1f s", self.name, interval_s)
+        if self.looks:
+            self._ask_for_client_list()
         failed = 0
         while not stop.is_set():
             try:
@@ -232,24 +238,53 @@ class Janitor:
         """Wait ``seconds`` before the next sweep (less once ``stop`` is set), looking at
         the workers' connections every ``liveness_interval_ms`` meanwhile (0: only wait)."""
         every_s = self.ctx.settings.file.janitor.liveness_interval_ms / 1000.0
-        if every_s <= 0:
+        if not self.looks:
             stop.wait(seconds)
             return
         until = time.monotonic() + seconds
         while not stop.is_set():
+            if not self.looks:  # refused meanwhile
+                stop.wait(max(0.0, until - time.monotonic()))
+                return
             now = time.monotonic()
             if now - self._last_look >= every_s:
                 self._last_look = now
                 try:
                     self.check_liveness()
-                except ResumeqError as exc:  # Redis unreachable: the next sweep says it
-                    log.debug("%s: liveness check failed: %s", self.name, exc)
+                except ResumeqError as exc:
+                    if isinstance(exc.__cause__, Exception) and is_refusal(exc.__cause__):
+                        self._without_client_list([refusal("list", exc.__cause__)])
+                    else:  # Redis unreachable: the next sweep says it
+                        log.debug("%s: liveness check failed: %s", self.name, exc)
                     self._liveness.forget()
             now = time.monotonic()
             left = until - now
             if left <= 0:
                 return
             stop.wait(min(self._last_look + every_s - now, left))
+
+    def _ask_for_client_list(self) -> None:
+        """Whether Redis allows ``CLIENT LIST`` (asked once at start; a Redis that cannot
+        be reached now is asked by the first look)."""
+        try:
+            refusals = refused(self.ctx.settings.redis_url, ["list"])
+        except redis.RedisError:
+            return
+        if refusals:
+            self._without_client_list(refusals)
+
+    def _without_client_list(self, refusals: list[Refusal]) -> None:
+        """No more looks: said once, at WARNING, with what would restore them."""
+        self.looks = False
+        lease_s = self.ctx.settings.file.worker.lease_ttl_ms / 1000
+        log.warning(
+            warning(
+                "janitor",
+                refusals,
+                "dead workers are found by their leases alone: their jobs go on once the "
+                f"leases expire ({lease_s:g} s, [worker] lease_ttl_ms), not within a second",
+            )
+        )
 
     def _safe(self, report: SweepReport, fn: Callable[[*Ts], R], *args: *Ts) -> R | None:
         """Run one step of a sweep: a failure is logged as one line (a traceback only for

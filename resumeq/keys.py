@@ -163,16 +163,6 @@ def worker_client_name(worker: str) -> str:
     return f"{WORKER_CLIENT_PREFIX}{worker}"
 
 
-#: What a janitor calls its connections: not a worker's (it holds no leases).
-JANITOR_CLIENT_PREFIX = f"{PREFIX}:janitor:"
-
-
-def janitor_client_name(janitor: str) -> str:
-    if not janitor or not re.fullmatch(r"[!-~]+", janitor):
-        raise ValueError(f"a janitor name is printable, with no space: {janitor!r}")
-    return f"{JANITOR_CLIENT_PREFIX}{janitor}"
-
-
 def presence(worker: str) -> str:
     """A live worker process's presence key, set again every tenth of a second with a
     short TTL (:mod:`resumeq.presence`): the janitor's second sign that it lives."""

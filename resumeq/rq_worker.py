@@ -9,6 +9,7 @@ RQ's job timeout, is what detects a dead worker.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -25,6 +26,7 @@ from rq.serializers import JSONSerializer
 
 import resumeq.worker  # noqa: F401 - loaded once here, not in every forked attempt
 from resumeq import due
+from resumeq.capabilities import refused, warning
 from resumeq.concurrent import ConcurrentWorker
 from resumeq.connection import connect
 from resumeq.context import build_context, preload, redis_pool_size, set_context
@@ -41,6 +43,8 @@ from resumeq.queueing import (
 )
 from resumeq.settings import Settings
 from resumeq.store import decode, redis_errors
+
+log = logging.getLogger(__name__)
 
 #: How RQ's exception string for a work horse that died begins.
 _HORSE_DIED = "Work-horse terminated unexpectedly"
@@ -62,8 +66,13 @@ class TruthfulRegistries:
     name: str
     log: Any
     connection: redis.Redis
-
     def _set_ip_address(self, connection: redis.Redis) -> None:
+        ctx = getattr(self, "ctx", None)
+        if ctx is not None and not ctx.named:
+            # Redis refuses CLIENT SETNAME: RQ would only warn once more of what this
+            # worker said at start.
+            self.ip_address = "unknown"
+            return
         try:
             super()._set_ip_address(connection)  # type: ignore[misc]
         except ValueError:
@@ -149,7 +158,19 @@ def make_worker(
     names = queues or settings.file.worker.queues
     with redis_errors("worker start"):
         connection.ping()
-        ctx = build_context(settings, concurrency=n)
+        unnamed = refused(settings.redis_url, ["setname"])
+        if unnamed:
+            lease_s = settings.file.worker.lease_ttl_ms / 1000
+            log.warning(
+                warning(
+                    "worker",
+                    unnamed,
+                    "its connections go unnamed, so a janitor cannot see it die: the jobs of "
+                    f"a worker that died go on once their leases expire ({lease_s:g} s, "
+                    "[worker] lease_ttl_ms), not within a second",
+                )
+            )
+        ctx = build_context(settings, concurrency=n, named=not unnamed)
         set_context(ctx)
         return ResumeqWorker(
             [rq_queue(name, connection) for name in names],

@@ -68,6 +68,7 @@ def make_world(
     store_settings: dict[str, Any] | None = None,
     profile_settings: dict[str, Any] | None = None,
     janitor_settings: dict[str, Any] | None = None,
+    server_settings: dict[str, Any] | None = None,
     **worker: Any,
 ) -> Iterator[World]:
     profile = {
@@ -112,6 +113,7 @@ def make_world(
             "worker": settings,
             "janitor": {"interval_s": 0.3, **(janitor_settings or {})},
             **({"store": store_settings} if store_settings else {}),
+            **({"server": server_settings} if server_settings else {}),
         },
     )
     cluster = Cluster(tmp, redis_url=redis_url, config=config)

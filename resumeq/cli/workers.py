@@ -57,7 +57,9 @@ def worker(obj: Context, queues: tuple[str, ...], burst: bool, concurrency: int 
 def janitor(obj: Context, once: bool, interval: float | None, as_json: bool) -> None:
     """Reap jobs whose worker died and resume, spill or abandon them."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    sweeper = Janitor(build_context(obj.settings, role="janitor"))
+    # Its connections go unnamed: it holds no leases (and a Redis without CLIENT SETNAME
+    # refuses nothing of it).
+    sweeper = Janitor(build_context(obj.settings, named=False))
     if once:
         report = sweeper.sweep()
         info = {

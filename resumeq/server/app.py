@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
 
 import anyio.to_thread
+import redis
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -27,6 +28,7 @@ from starlette.routing import Route
 
 from resumeq import audit, keys, metrics
 from resumeq.async_client import AsyncClient
+from resumeq.capabilities import refused, warning
 from resumeq.connection import connect
 from resumeq.errors import (
     ConfigError,
@@ -565,7 +567,7 @@ def create_app(settings: Settings) -> Starlette:
             settings=settings.file.store,
             limits=settings.file.limits,
         )
-        svc.hub = sse.Hub(svc.client)
+        svc.hub = sse.Hub(svc.client, await anyio.to_thread.run_sync(unblocking, settings))
         try:
             yield
         finally:
@@ -598,6 +600,19 @@ def create_app(settings: Settings) -> Starlette:
     app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
     app.state.service = svc
     return app
+
+
+def unblocking(settings: Settings) -> sse.Unblocking:
+    """Whether Redis lets the event readers cut a blocking read short (asked once at
+    start, said once at WARNING if not; a Redis that cannot be reached now is asked by the
+    first read)."""
+    try:
+        refusals = refused(settings.redis_url, ["id", "unblock"])
+    except redis.RedisError:
+        return sse.Unblocking()
+    if refusals:
+        log.warning(warning("serve", refusals, sse.POLLING))
+    return sse.Unblocking(not refusals)
 
 
 def app_from_env() -> Starlette:

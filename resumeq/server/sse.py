@@ -20,21 +20,26 @@ import asyncio
 import bisect
 import contextlib
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
+import redis
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from resumeq import keys
 from resumeq.async_client import AsyncClient
+from resumeq.capabilities import Probe, is_refusal, refusal, warning
 from resumeq.client import EventCursor
 from resumeq.errors import RedisUnavailable
 from resumeq.models import JobRecord, JobState
 from resumeq.store import redis_errors
+
+log = logging.getLogger(__name__)
 
 #: States after which nothing more happens to a job; a spill waits for a person (a follower
 #: is told ``end`` while it is the job's latest state, and a requeue goes on from there).
@@ -46,6 +51,9 @@ SPILLED = JobState.SPILLED.value
 READER_JOBS = 256
 #: How long a read blocks (then quiet jobs are probed: purged, or their events trimmed).
 BLOCK_MS = 1000
+#: How long it blocks where Redis refuses ``CLIENT ID`` or ``CLIENT UNBLOCK`` (a feed that
+#: joins waits for the running read to return: this is how long at most).
+POLL_BLOCK_MS = 100
 PROBE_S = 1.0
 #: How soon an unblock that found the read not yet blocking tries again.
 UNBLOCK_RETRY_S = 0.002
@@ -136,6 +144,35 @@ class Feed:
         return True
 
 
+class Unblocking:
+    """Whether this process's readers may cut a blocking read short (``CLIENT ID`` and
+    ``CLIENT UNBLOCK``, which a restricted Redis may refuse: :mod:`resumeq.capabilities`);
+    shared by every reader, said once when it is found out."""
+
+    def __init__(self, allowed: bool = True) -> None:
+        self.allowed = allowed
+
+    def refused(self, exc: BaseException, probe: Probe) -> None:
+        if self.allowed:
+            self.allowed = False
+            log.warning(warning("serve", [refusal(probe, exc)], POLLING))
+
+
+#: What ``resumeq serve`` does without ``CLIENT ID`` or ``CLIENT UNBLOCK``.
+POLLING = (
+    f"event reads block for {POLL_BLOCK_MS} ms at a time instead of {BLOCK_MS} (polling), "
+    "and a newly followed job's events start when the running read returns"
+)
+
+
+def _refusal_in(exc: BaseException) -> BaseException | None:
+    """The refusal behind ``exc`` (itself, or what a resumeq error was raised from)."""
+    for candidate in (exc, exc.__cause__):
+        if candidate is not None and is_refusal(candidate):
+            return candidate
+    return None
+
+
 class Reader:
     """One blocking XREAD for the events streams of up to :data:`READER_JOBS` feeds, on a
     connection of its own: a process following a thousand jobs holds a handful of
@@ -148,9 +185,12 @@ class Reader:
     read from its snapshot. The task runs while the reader has feeds, and stops with the
     last one."""
 
-    def __init__(self, client: AsyncClient, name: str) -> None:
+    def __init__(
+        self, client: AsyncClient, name: str, unblocking: Unblocking | None = None
+    ) -> None:
         self.client = client
         self.name = name
+        self.unblocking = unblocking or Unblocking()
         self.feeds: dict[bytes, Feed] = {}  # by events stream key
         self._task: asyncio.Task[None] | None = None
         self._probed = time.monotonic()
@@ -163,7 +203,7 @@ class Reader:
         self.feeds[keys.events(feed.job_id).encode()] = feed
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name=self.name)
-        elif not self._stale:
+        elif not self._stale and self.unblocking.allowed:
             self._stale = True
             poke = asyncio.create_task(self._unblock(), name=f"{self.name}:unblock")
             self._pokes.add(poke)
@@ -184,11 +224,14 @@ class Reader:
         """Ends the running read early. It may not have reached Redis yet (it goes out on
         another connection): then again, until it is unblocked or has returned by itself
         (the next read includes the new feed)."""
-        with contextlib.suppress(Exception):  # the read returns within a second anyway
-            while self._stale and self._connection_id is not None:
+        try:
+            while self._stale and self._connection_id is not None and self.unblocking.allowed:
                 if await self.client.redis.client_unblock(self._connection_id):
                     return
                 await asyncio.sleep(UNBLOCK_RETRY_S)
+        except Exception as exc:  # the read returns within a second anyway
+            if (refused := _refusal_in(exc)) is not None:
+                self.unblocking.refused(refused, "unblock")
 
     async def _run(self) -> None:
         # Outer loop: a feed that joins while the connection is being given back (the task
@@ -211,16 +254,21 @@ class Reader:
         await self._start_new()
         if not self.feeds:
             return
-        if self._connection_id is None:
-            with redis_errors("follow"):
+        if self._connection_id is None and self.unblocking.allowed:
+            try:
                 self._connection_id = await connection.client_id()
+            except redis.ResponseError as exc:
+                if not is_refusal(exc):
+                    raise
+                self.unblocking.refused(exc, "id")
         sent = dict(self.feeds)  # the feeds this read is for
         streams: dict[Any, Any] = {}
         for each in sent.values():
             streams.update(each.cursor.streams)
         self._stale = False
+        block = BLOCK_MS if self.unblocking.allowed else POLL_BLOCK_MS
         with redis_errors("follow"):
-            reply: Any = await connection.xread(streams, count=EventCursor.count, block=BLOCK_MS)
+            reply: Any = await connection.xread(streams, count=EventCursor.count, block=block)
         for stream, entries in reply or ():
             target = sent.get(stream)
             # A feed replaced while the read blocked (its job followed afresh) is not the
@@ -311,8 +359,9 @@ class Hub:
     """The feeds of this process, one per followed job, gone with their last follower,
     read by as few :class:`Reader` s as hold them."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: AsyncClient, unblocking: Unblocking | None = None) -> None:
         self.client = client
+        self.unblocking = unblocking or Unblocking()
         self.feeds: dict[str, Feed] = {}
         self.readers: list[Reader] = []
         self._reader_of: dict[str, Reader] = {}
@@ -328,7 +377,8 @@ class Hub:
             feed = self.feeds[job_id] = Feed(job_id)
             reader = next((r for r in self.readers if len(r.feeds) < READER_JOBS), None)
             if reader is None:
-                reader = Reader(self.client, f"resumeq-reader:{len(self.readers)}")
+                name = f"resumeq-reader:{len(self.readers)}"
+                reader = Reader(self.client, name, self.unblocking)
                 self.readers.append(reader)
             reader.add(feed)
             self._reader_of[job_id] = reader

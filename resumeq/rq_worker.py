@@ -66,6 +66,7 @@ class TruthfulRegistries:
     name: str
     log: Any
     connection: redis.Redis
+
     def _set_ip_address(self, connection: redis.Redis) -> None:
         ctx = getattr(self, "ctx", None)
         if ctx is not None and not ctx.named:

@@ -13,7 +13,7 @@ import sys
 
 from resumeq import heap
 from resumeq.errors import ResumeqError
-from resumeq.rq_worker import run_worker
+from resumeq.rq_worker import exit_now, run_worker
 from resumeq.settings import load_settings
 
 
@@ -28,4 +28,4 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     heap.mark_entry_point()
-    sys.exit(main(sys.argv[1:]))
+    exit_now(main(sys.argv[1:]))  # at once: no interpreter teardown after a handoff

@@ -33,7 +33,7 @@ from resumeq.connection import connect
 Probe = Literal["setname", "id", "list", "unblock"]
 
 #: Each command: how it is spelled, the ACL rule that allows it, and a harmless call of it
-#: (a probe connection is named, ``CLIENT LIST`` reads the few pub/sub clients, and
+#: (a probe connection is named, ``CLIENT LIST`` is asked as a janitor asks it, and
 #: ``CLIENT UNBLOCK 0`` unblocks nobody).
 COMMANDS: dict[Probe, tuple[str, str, Callable[[redis.Redis], Any]]] = {
     "setname": (
@@ -45,7 +45,7 @@ COMMANDS: dict[Probe, tuple[str, str, Callable[[redis.Redis], Any]]] = {
     "list": (
         "CLIENT LIST",
         "+client|list",
-        lambda r: r.client_list(_type="pubsub"),
+        lambda r: r.client_list(_type="normal"),
     ),
     "unblock": (
         "CLIENT UNBLOCK",
@@ -58,33 +58,38 @@ COMMANDS: dict[Probe, tuple[str, str, Callable[[redis.Redis], Any]]] = {
 @dataclass(frozen=True)
 class Refusal:
     """A command Redis refused: which, the rule that would allow it, Redis's words, and
-    whether it was unknown (renamed or disabled) rather than denied by the ACL."""
+    how: ``denied`` by the ACL, ``unknown`` (renamed or disabled), or ``failed`` (answered
+    with another error: a Redis-compatible server that does not implement it)."""
 
     probe: Probe
     command: str
     rule: str
     reason: str
-    unknown: bool
+    how: Literal["denied", "unknown", "failed"]
 
 
 def is_refusal(exc: BaseException) -> bool:
     """Whether ``exc`` is Redis refusing a command (denied by the ACL, or unknown: renamed
     or disabled), not failing to answer."""
-    if isinstance(exc, redis.exceptions.NoPermissionError):
-        return True
+    return _how(exc) in ("denied", "unknown")
+
+
+def _how(exc: BaseException) -> Literal["denied", "unknown", "failed", "none"]:
+    if not isinstance(exc, redis.ResponseError):
+        return "none"
     text = str(exc).lower()
-    return isinstance(exc, redis.ResponseError) and (
-        "unknown command" in text or "unknown subcommand" in text or "noperm" in text
-    )
+    if isinstance(exc, redis.exceptions.NoPermissionError) or "noperm" in text:
+        return "denied"
+    if "unknown command" in text or "unknown subcommand" in text:
+        return "unknown"
+    return "failed"
 
 
 def refusal(probe: Probe, exc: BaseException) -> Refusal:
     command, rule, _ = COMMANDS[probe]
+    how = _how(exc)
     reason = " ".join(str(exc).split())[:160]
-    unknown = not isinstance(exc, redis.exceptions.NoPermissionError) and "noperm" not in (
-        reason.lower()
-    )
-    return Refusal(probe, command, rule, reason, unknown)
+    return Refusal(probe, command, rule, reason, "failed" if how == "none" else how)
 
 
 def refused(url: str, probes: Sequence[Probe], **options: Any) -> list[Refusal]:
@@ -98,9 +103,7 @@ def refused(url: str, probes: Sequence[Probe], **options: Any) -> list[Refusal]:
         for probe in probes:
             try:
                 COMMANDS[probe][2](client)
-            except redis.ResponseError as exc:
-                if not is_refusal(exc):
-                    raise
+            except redis.ResponseError as exc:  # whatever the error: it cannot be used
                 out.append(refusal(probe, exc))
     finally:
         with contextlib.suppress(redis.RedisError):
@@ -114,27 +117,34 @@ def warning(process: str, refusals: Sequence[Refusal], consequence: str) -> str:
     commands = " and ".join(r.command for r in refusals)
     rules = " ".join(r.rule for r in refusals)
     first = refusals[0]
-    if first.unknown:
+    if first.how == "unknown":
         said = f"Redis does not know {commands} (renamed or disabled: {first.reason})"
         restore = f"restore CLIENT, and allow it with the ACL rule {rules} if an ACL applies"
-    else:
+    elif first.how == "denied":
         said = f"Redis refuses {commands} ({first.reason})"
         restore = f"allow it with the ACL rule {rules}"
+    else:
+        said = f"Redis answers {commands} with an error ({first.reason})"
+        restore = f"a Redis that implements it, allowing it (ACL rule {rules}), restores it"
     return f"resumeq {process}: warning: {said}: {consequence}; {restore}"
 
 
 def server_version(client: redis.Redis) -> tuple[int, int, int] | None:
     """The server's version, from ``INFO`` or, where the ACL denies it (it is @dangerous),
-    from ``HELLO``; None when neither answers."""
+    from ``HELLO``; None when neither answers (``INFO`` unknown: fakeredis)."""
     text: str | None = None
     try:
         text = str(client.info("server").get("redis_version", ""))
-    except redis.ResponseError:
+    except redis.exceptions.NoPermissionError:
+        # Denied, not unknown: a Redis (a server without INFO may not know HELLO either,
+        # or answer it in a way that leaves the connection speaking another protocol).
         with contextlib.suppress(redis.ResponseError):
             hello: Any = client.execute_command("HELLO", "2")  # type: ignore[no-untyped-call]
             fields = dict(zip(hello[::2], hello[1::2], strict=False))
             raw = fields.get(b"version", fields.get("version", b""))
             text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    except redis.ResponseError:
+        return None
     parts = [int(p) for p in (text or "").split(".")[:3] if p.isdigit()]
     if not parts:
         return None

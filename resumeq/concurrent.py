@@ -31,6 +31,7 @@ heartbeat), finished through ``handle_job_success`` / ``handle_job_failure`` lik
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -75,6 +76,8 @@ INTERRUPT_AFTER_S = 0.2
 #: After a handoff began, how long the attempts have to make their text durable and hand
 #: their jobs on before the process exits regardless (a lease left behind expires).
 HANDOFF_WAIT_S = 2.5
+#: At the end, how long the schedulers and RQ's command listener have to stop.
+TEARDOWN_WAIT_S = 0.5
 #: Freed heap memory is handed back (:mod:`resumeq.heap`) once attempts have started or
 #: ended and none has started for this long (a burst of starts is over)...
 TRIM_QUIET_S = 1.0
@@ -151,11 +154,15 @@ class ThreadScheduler(RQScheduler):
         except redis.RedisError as exc:
             self.log.warning("scheduler: could not release its locks: %s", exc)
 
-    def stop_thread(self) -> None:
+    def request_stop(self, signum: Any = None, frame: Any = None) -> None:
+        """Tell the thread to stop (it releases its locks on its way out)."""
         self._stop_requested = True
         self._wake.set()
+
+    def stop_thread(self, timeout_s: float = 5.0) -> None:
+        self.request_stop()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=timeout_s)
 
 
 class ConcurrentWorker(BaseWorker):
@@ -456,6 +463,11 @@ class ConcurrentWorker(BaseWorker):
         queues are empty in burst mode, or the loop failed)."""
         if self._cold:
             return
+        if self._stop_requested:
+            # Everything alive now lives until the exit: no collection walks it again (a
+            # full one over a long-running worker's heap held the GIL for seconds on a
+            # busy machine, in the way of the handoff and of the exit).
+            gc.freeze()
         if self._stop_requested and self.in_flight():
             begun = self.ctx.handoff.begin()
             self.log.info("Worker %s: handoff of %d stream(s) begun", self.name, begun)
@@ -484,19 +496,26 @@ class ConcurrentWorker(BaseWorker):
             return len(self._running)
 
     def teardown(self) -> None:
+        """RQ hears of the death first (``rq info`` stops listing the worker), then the
+        schedulers and RQ's command listener stop, together, within
+        :data:`TEARDOWN_WAIT_S` (their threads end with the process anyway)."""
         self.log.info(
             "Worker %s: worst lease renewal lag %.0f ms",
             self.name,
             self.ctx.leases.worst_lag_s * 1000,
         )
         try:
-            if self._due is not None:
-                self._due.stop()
-            if self.scheduler:
-                self.stop_scheduler()
             self.register_death()
         except redis.RedisError as exc:
             self.log.warning("Worker %s: could not register its death: %s", self.name, exc)
+        deadline = time.monotonic() + TEARDOWN_WAIT_S
+        scheduler = self.scheduler if isinstance(self.scheduler, ThreadScheduler) else None
+        if scheduler is not None:
+            scheduler.request_stop()
+        if self._due is not None:
+            self._due.stop(timeout_s=max(0.1, deadline - time.monotonic()))
+        if scheduler is not None:
+            scheduler.stop_thread(timeout_s=max(0.1, deadline - time.monotonic()))
         self.unsubscribe()
 
     def unsubscribe(self) -> None:

@@ -9,13 +9,15 @@ RQ's job timeout, is what detects a dead worker.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 from rq import Queue, Worker
@@ -240,6 +242,18 @@ def run_worker(
     finally:
         worker.ctx.close()
     return 0
+
+
+def exit_now(code: int) -> NoReturn:
+    """End the worker process at once, its work done: every attempt handed on or ended,
+    its death registered with RQ, its logs flushed. Skips the interpreter's teardown, which
+    collects every object the streams left and joins what remains: seconds on a busy
+    machine, in the way of a rolling deploy (SIGTERM's exit is promised within 3 s)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 #: The longest a burst worker waits for a scheduled attempt to fall due.

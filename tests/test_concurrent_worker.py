@@ -190,6 +190,32 @@ def test_sigterm_hands_every_stream_on_at_once(world: World, how: str) -> None:
     assert max(extra) <= 3 * FLUSH_TOKENS, sorted(extra)
 
 
+def test_sigterm_beside_two_cpu_burners_exits_within_three_seconds(world: World) -> None:
+    """A busy machine (two processes burning the two cores): once the handoff is durable,
+    nothing stands between the worker and its exit (interpreter teardown, a collection
+    of every object the streams made, took seconds more)."""
+    burners = [
+        world.cluster.spawn(f"burner-{i}", [sys.executable, "-c", "while True: pass"])
+        for i in range(2)
+    ]
+    try:
+        first, texts, job_ids = start_streams(world, 40, "handed off when busy", tokens=600)
+        signalled = time.monotonic()
+        os.kill(first.pid, signal.SIGTERM)
+        assert first.wait(timeout=15) == 0, first.output()[-3000:]
+        took = time.monotonic() - signalled
+    finally:
+        for burner in burners:
+            burner.kill()
+    print(f"exit {took:.2f} s after the SIGTERM, beside two CPU burners")
+    assert took <= 3.0, first.output()[-3000:]
+    states = {j: world.store.get(j).state.value for j in job_ids}
+    assert set(states.values()) <= {"queued", "done"}, states
+    # RQ heard of the death before the exit: rq info no longer lists the worker.
+    assert not world.store.redis.smembers("rq:workers")
+    finish_elsewhere(world, job_ids, texts)
+
+
 def test_a_second_signal_is_a_cold_stop(world: World) -> None:
     worker, texts, job_ids = start_streams(world, 5, "stopped cold", tokens=300, at_least=8)
     # Redis busy for 3 s: the handoff cannot finish before the second signal comes

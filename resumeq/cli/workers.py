@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 
 import click
@@ -14,7 +13,7 @@ from resumeq.cli._base import Context, _emit, cli, reports_errors
 from resumeq.context import build_context
 from resumeq.errors import ConfigError
 from resumeq.janitor import Janitor
-from resumeq.rq_worker import missing_api_keys, run_worker
+from resumeq.rq_worker import exit_now, missing_api_keys, run_worker
 
 
 @cli.command()
@@ -45,7 +44,7 @@ def worker(obj: Context, queues: tuple[str, ...], burst: bool, concurrency: int 
             "which is unset or empty here: its jobs will fail (401) on this worker",
             err=True,
         )
-    sys.exit(run_worker(obj.settings, queues, burst=burst, concurrency=concurrency))
+    exit_now(run_worker(obj.settings, queues, burst=burst, concurrency=concurrency))
 
 
 @cli.command()

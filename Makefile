@@ -1,14 +1,14 @@
 # make test: the one command a newcomer runs. It creates .venv, installs resumeq with its
 # dev extras, makes sure a redis-server binary exists (the tests start their own servers
-# on free ports) and Debian's chromium (the console's browser tests), and runs lint, type
-# checks and the whole suite.
+# on free ports), Debian's chromium (the browser tests) and Debian's nginx (the tests run
+# resumeq serve behind it), and runs lint, type checks and the whole suite.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint typecheck pytest redis-server chromium bench soak clean
+.PHONY: test demo lint typecheck pytest redis-server chromium nginx bench soak clean
 
 test: lint typecheck pytest
 
@@ -42,6 +42,19 @@ chromium:
 	  fi; }
 	@chromium --version
 
+# The reverse-proxy tests start their own nginx on a free port, in a directory of their own;
+# a system service the package may have started is left alone, as redis-server's is.
+nginx:
+	@command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "nginx missing: installing Debian's package"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; \
+	  else \
+	    echo "nginx not found: install it first (sudo apt-get install nginx)"; exit 1; \
+	  fi; }
+	@PATH="$$PATH:/usr/sbin" nginx -v
+
 demo: $(STAMP)
 	$(BIN)/resumeq demo
 
@@ -56,7 +69,7 @@ typecheck: $(STAMP)
 # servers on free ports, so they run side by side (plain `pytest` runs them one by one).
 # The CPU-bound ones (xdist_group "cpu-heavy") run on one worker, one after the other:
 # their bounds on a busy process's lag do not hold with two of them at once.
-pytest: $(STAMP) redis-server chromium
+pytest: $(STAMP) redis-server chromium nginx
 	$(BIN)/pytest -n 2 --dist loadgroup
 
 # Reduced sizes (about 7 minutes in all); BENCHMARKS.md has the full-size commands.

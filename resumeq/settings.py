@@ -7,6 +7,7 @@ is a :class:`~resumeq.errors.ConfigError` that names the file and the field.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import tomllib
@@ -237,6 +238,11 @@ class StoreSettings(BaseModel):
     replica_timeout_ms: int = Field(default=1000, gt=0, le=60_000)
 
 
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_ORIGIN = re.compile(
+    r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$|^https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?$"
+)
+
 ProfileName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")]
 
 Role = Literal["producer", "operator", "viewer"]
@@ -279,6 +285,48 @@ class ServerSettings(BaseModel):
     #: Event streams one producer may hold open on one server process (operators and
     #: viewers are not counted); one more is a 429 with Retry-After. 0: no limit.
     max_streams_per_producer: int = Field(default=1_000, ge=0)
+    #: The environment variable holding the secret follow tokens are signed with (every
+    #: ``resumeq serve`` process of a deployment shares it); ``previous_secret_env`` the
+    #: one before, still accepted (a rotation). None: no follow tokens.
+    secret_env: str | None = Field(default=None, pattern=_ENV_NAME)
+    previous_secret_env: str | None = Field(default=None, pattern=_ENV_NAME)
+    #: How long a follow token opens its job's events (seconds; at most a week).
+    follow_token_ttl_s: float = Field(default=3600.0, gt=0, le=7 * 24 * 3600)
+    #: Origins whose pages may call ``/v1/`` from a browser (CORS): ``scheme://host[:port]``
+    #: each; none by default, and never ``*``.
+    cors_origins: tuple[str, ...] = ()
+    #: Addresses (or networks) of the reverse proxies whose ``X-Forwarded-Proto``,
+    #: ``X-Forwarded-Host`` and ``X-Forwarded-For`` are believed; ``*`` for any peer.
+    forwarded_allow_ips: tuple[str, ...] = ()
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _check_origins(cls, origins: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for origin in origins:
+            if origin == "*":
+                raise ValueError(
+                    '"*" would let every site read what its visitors\' tokens open: '
+                    "name each origin (https://app.example)"
+                )
+            if not _ORIGIN.match(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin: scheme://host[:port], no path, no slash"
+                )
+            out.append(origin.lower())
+        return tuple(out)
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _check_proxies(cls, addresses: tuple[str, ...]) -> tuple[str, ...]:
+        for address in addresses:
+            if address == "*":
+                continue
+            try:
+                ipaddress.ip_network(address, strict=False)
+            except ValueError:
+                raise ValueError(f"{address!r} is not an IP address or network (or *)") from None
+        return addresses
 
     @model_validator(mode="after")
     def _distinct(self) -> ServerSettings:
@@ -288,6 +336,8 @@ class ServerSettings(BaseModel):
         names = [t.principal for t in self.tokens]
         if len(set(names)) != len(names):
             raise ValueError("tokens: two tokens have the same name (a job belongs to a name)")
+        if self.previous_secret_env is not None and self.secret_env is None:
+            raise ValueError("previous_secret_env: set secret_env too (it signs new tokens)")
         return self
 
 

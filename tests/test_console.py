@@ -8,12 +8,8 @@ these, refreshed by hand when the pages change).
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
-import os
 import re
-import shutil
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright import sync_api as playwright_sync
+from browser_support import StaticSite, chromium, shot
 
 from resumeq import keys
 from resumeq.fake import FakeProvider
@@ -29,9 +25,6 @@ from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, wait_for, write_config
 from resumeq.testing.redis_server import free_port
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-SHOTS = Path(__file__).resolve().parent.parent / "build" / "screenshots"
 
 TOKENS = {"ops": "operator", "dash": "viewer", "web": "producer"}
 #: How often a condition in the page is checked: every animation frame (Playwright's
@@ -123,18 +116,8 @@ def clean(site: Site) -> None:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if CHROMIUM is None:
-        pytest.fail(
-            "chromium not found: `make test` installs Debian's package (apt-get install chromium)"
-        )
-    with playwright_sync.sync_playwright() as p:
-        # Chromium's sandbox refuses to run as root; as anyone else it stays on.
-        args = ["--no-sandbox"] if os.geteuid() == 0 else []
-        launched = p.chromium.launch(executable_path=CHROMIUM, args=args)
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture
@@ -158,11 +141,6 @@ def login(page: Any, site: Site, who: str = "ops") -> None:
     page.fill("input[name=token]", secret(who))
     page.click("button[type=submit]")
     page.wait_for_url(f"{site.base}/console")
-
-
-def shot(page: Any, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def shown_text(page: Any) -> str:
@@ -430,7 +408,7 @@ def test_a_cross_site_post_and_a_stale_form_are_refused(site: Site, page: Any) -
     job_id = spill(site, ["Spilled while another site tries: the weir."])[0]
     login(page, site)
     # Another site (another origin, a real page) posts the drop form to the console.
-    evil = _EvilSite(f"{site.base}/console/spill/action", job_id)
+    evil = _evil_site(f"{site.base}/console/spill/action", job_id)
     with evil:
         page.goto(evil.url)
         page.wait_for_url(f"{site.base}/console/spill/action")  # the browser followed it
@@ -470,41 +448,16 @@ def test_a_cross_site_post_and_a_stale_form_are_refused(site: Site, page: Any) -
     site.api.post(f"/v1/spill/{job_id}/drop")
 
 
-class _EvilSite:
-    """A page on another origin that submits a form to the console as soon as it loads."""
-
-    def __init__(self, action: str, job_id: str) -> None:
-        body = (
-            f'<form id="f" method="post" action="{action}">'
-            f'<input name="action" value="drop"><input name="ids" value="{job_id}">'
-            '<input name="csrf" value="guess"></form>'
-            "<script>document.getElementById('f').submit()</script>"
-        ).encode()
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                self.send_response(200)
-                self.send_header("Content-Type", "text/html")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        # "localhost" is another site than "127.0.0.1" for the browser.
-        self.url = f"http://localhost:{self.server.server_address[1]}/"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def __enter__(self) -> _EvilSite:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
+def _evil_site(action: str, job_id: str) -> StaticSite:
+    """A page on another site that submits a form to the console as soon as it loads
+    ("localhost" is another site than "127.0.0.1" for the browser)."""
+    body = (
+        f'<form id="f" method="post" action="{action}">'
+        f'<input name="action" value="drop"><input name="ids" value="{job_id}">'
+        '<input name="csrf" value="guess"></form>'
+        "<script>document.getElementById('f').submit()</script>"
+    ).encode()
+    return StaticSite(body, host="localhost")
 
 
 def test_pages_fit_a_phone_screen(site: Site, browser: Any) -> None:

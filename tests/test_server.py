@@ -217,7 +217,9 @@ def read_events(
                 name, _, value = line.partition(":")
                 current[name] = value.removeprefix(" ")
                 continue
-            if not current:
+            if "data" not in current:  # as EventSource: no data, no event (retry: first)
+                assert not events and set(current) <= {"retry"}, current
+                current = {}
                 continue
             events.append(Event(current.get("id"), current["event"], json.loads(current["data"])))
             current = {}
@@ -699,7 +701,7 @@ def test_followers_of_several_jobs_share_one_read_and_leave_nothing_running(api:
             response = stream.__enter__()
             assert response.status_code == 200
             lines = response.iter_lines()  # kept: a reader dropped closes its connection
-            assert next(lines) == ": following"
+            assert [next(lines), next(lines)] == ["retry: 1000", ": following"]
             streams.append(stream)
             readers.append(lines)
         wait_for(lambda: gauges() == (5, 2, 1), timeout_s=10, what="5 followers, 2 feeds, 1 read")
@@ -734,7 +736,7 @@ def test_a_server_following_its_most_jobs_answers_503_for_one_more(
             client.stream("GET", f"/v1/jobs/{first}/events") as held,
         ):
             lines = held.iter_lines()
-            assert next(lines) == ": following"
+            assert [next(lines), next(lines)] == ["retry: 1000", ": following"]
             refused = httpx.get(f"{base}/v1/jobs/{second}/events", timeout=10)
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
             assert "max_followed_jobs" in refused.json()["detail"]
@@ -764,12 +766,12 @@ def test_a_job_followed_while_the_read_blocks_is_read_at_once(api: Api) -> None:
         client.stream("GET", f"/v1/jobs/{held_id}/events", headers=auth("web")) as held,
     ):
         held_lines = held.iter_lines()
-        assert next(held_lines) == ": following"
+        assert [next(held_lines), next(held_lines)] == ["retry: 1000", ": following"]
         for n in range(1, 5):
             job_id = quiet_job(n)
             with client.stream("GET", f"/v1/jobs/{job_id}/events", headers=auth("web")) as r:
                 lines = r.iter_lines()
-                assert next(lines) == ": following"
+                assert [next(lines), next(lines)] == ["retry: 1000", ": following"]
                 time.sleep(0.05)  # the unblock, if any, has landed
                 cancelled = time.monotonic()
                 api.store.cancel(job_id)
@@ -886,8 +888,10 @@ def sse_frames(lines: Iterator[str]) -> Iterator[Event]:
         if line:
             name, _, value = line.partition(":")
             current[name] = value.removeprefix(" ")
-        elif current:
+        elif "data" in current:  # a block without data is no event (the opening retry:)
             yield Event(current.get("id"), current["event"], json.loads(current["data"]))
+            current = {}
+        else:
             current = {}
 
 

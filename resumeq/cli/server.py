@@ -38,8 +38,12 @@ def serve(obj: Context, host: str | None, port: int | None, workers: int) -> Non
     host = host or server.host
     port = server.port if port is None else port
     check_exposure(settings, host)
+    # The proxy headers are the app's to read, from [server] forwarded_allow_ips only
+    # (uvicorn's own would believe any loopback peer, and not read the host).
     if workers == 1:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+        uvicorn.run(
+            create_app(settings), host=host, port=port, log_level="info", proxy_headers=False
+        )
         return
     # Each server process builds the app from the environment (uvicorn's factory).
     os.environ["RESUMEQ_REDIS_URL"] = settings.redis_url
@@ -52,6 +56,7 @@ def serve(obj: Context, host: str | None, port: int | None, workers: int) -> Non
         port=port,
         workers=workers,
         log_level="info",
+        proxy_headers=False,
     )
 
 

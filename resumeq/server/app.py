@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
@@ -22,6 +23,7 @@ import anyio.to_thread
 import redis
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -60,8 +62,11 @@ from resumeq.server.auth import (
     is_loopback,
 )
 from resumeq.server.console import Console
+from resumeq.server.cors import Cors, preflight
+from resumeq.server.follow import FollowTokens, TokenRefused
 from resumeq.server.openapi import document
 from resumeq.server.problems import Problem
+from resumeq.server.proxy import ForwardedHeaders
 from resumeq.settings import Role, Settings, load_settings
 from resumeq.spec import JobSpec, parse_spec
 from resumeq.store import DEFAULT_QUEUE, SPILL_QUEUE, Store, check_queue, redis_errors
@@ -92,6 +97,7 @@ class Service:
         self.settings = settings
         self.server = settings.file.server
         self.tokens = Tokens(self.server.tokens)
+        self.follow = FollowTokens.from_settings(self.server)  # ConfigError: a secret unset
         # A stalled Redis is an error within seconds, never a request held forever.
         connection = connect(
             settings.redis_url,
@@ -306,11 +312,21 @@ async def get_job(request: Request) -> Response:
 
 
 async def job_events(request: Request) -> Response:
-    who = principal(request)
     svc = service(request)
     job_id = job_id_of(request)
+    token = request.query_params.get("token")
+    if token is not None:  # a browser's EventSource, with a follow token
+        who = _follower(request, token, job_id)
+        job = job_json(await svc.run(status_dict, svc.store, job_id))
+        # Counted against the job's owner: a token handed out opens no more streams than
+        # its owner may hold.
+        counted = str(job.get("owner") or who.name)
+        limited = True
+    else:
+        who = principal(request)
+        job = await visible_job(request, who, job_id)
+        counted, limited = who.name, who.role == "producer"  # operators, viewers: not counted
     after = _after(request)
-    job = await visible_job(request, who, job_id)
     if after > job["revision"]:
         raise Problem.field(
             400,
@@ -324,13 +340,67 @@ async def job_events(request: Request) -> Response:
             record,
             after=after,
             keepalive_s=svc.server.keepalive_s,
-            principal=who.name,
+            principal=counted,
             max_jobs=svc.server.max_followed_jobs,
-            # operators and viewers are not counted
-            max_streams=svc.server.max_streams_per_producer if who.role == "producer" else 0,
+            max_streams=svc.server.max_streams_per_producer if limited else 0,
         )
     except sse.Full as full:
         raise Problem(full.status, full.message, headers={"Retry-After": RETRY_AFTER_S}) from None
+
+
+def _follower(request: Request, token: str, job_id: str) -> Principal:
+    """Who a follow token lets follow ``job_id`` (:mod:`resumeq.server.follow`); 401 for
+    a malformed, forged or expired one, 404 for another job's."""
+    follow = service(request).follow
+    if not follow.configured:
+        raise Problem.field(401, "token", "follow tokens are not configured ([server] secret_env)")
+    try:
+        follow.check(token, job_id, now_ms=int(time.time() * 1000))
+    except TokenRefused as refused:
+        if refused.status == 404:
+            raise Problem(404, refused.message) from None
+        raise Problem(
+            401,
+            refused.message,
+            errors=[("token", refused.message.removeprefix("token: "))],
+            headers={"WWW-Authenticate": 'Bearer realm="resumeq", error="invalid_token"'},
+        ) from None
+    return Principal(f"follow-token:{job_id}", "viewer")
+
+
+async def follow_token(request: Request) -> Response:
+    """A follow token for the job (its producer, a viewer or an operator asks): what a
+    browser's ``EventSource`` presents as ``?token=``."""
+    who = principal(request)
+    svc = service(request)
+    job_id = job_id_of(request)
+    await visible_job(request, who, job_id)
+    if not svc.follow.configured:
+        raise Problem(
+            501,
+            "follow tokens are not configured: set [server] secret_env to the name of an "
+            "environment variable holding a secret every serve process shares",
+        )
+    body = await read_json(request, empty={})
+    if not isinstance(body, dict) or set(body) - {"ttl_s"}:
+        raise Problem.field(422, "body", 'a JSON object ({"ttl_s"?}) is expected')
+    longest = svc.server.follow_token_ttl_s
+    ttl_s = body.get("ttl_s", longest)
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not 0 < ttl_s <= longest:
+        raise Problem.field(
+            422,
+            "ttl_s",
+            f"seconds, more than 0 and at most {longest:g} ([server] follow_token_ttl_s)",
+        )
+    issued = svc.follow.issue(job_id, now_ms=int(time.time() * 1000), ttl_s=float(ttl_s))
+    return JSONResponse(
+        {
+            "token": issued.token,
+            "expires_at": issued.expires_at_ms,
+            "events": f"/v1/jobs/{job_id}/events?token={issued.token}",
+        },
+        headers={"Cache-Control": "no-store"},
+    )
 
 
 def _after(request: Request) -> int:
@@ -575,17 +645,25 @@ def create_app(settings: Settings) -> Starlette:
             await svc.client.aclose()
             svc.close()
 
-    routes = [
-        Route("/v1/jobs", create_job, methods=["POST"]),
+    api = [
+        ("/v1/jobs", create_job, ["POST"]),
         # One route for both methods: a 405 then names both in its Allow.
-        Route("/v1/jobs/{job_id}", job_resource, methods=["GET", "DELETE"]),
-        Route("/v1/jobs/{job_id}/events", job_events, methods=["GET"]),
-        Route("/v1/jobs/{job_id}/cancel", cancel_job, methods=["POST"]),
-        Route("/v1/spill", spill_list, methods=["GET"]),
-        Route("/v1/spill/export", spill_export, methods=["GET"]),
-        Route("/v1/spill/{job_id}/requeue", spill_requeue, methods=["POST"]),
-        Route("/v1/spill/{job_id}/drop", spill_drop, methods=["POST"]),
-        Route("/v1/stats", get_stats, methods=["GET"]),
+        ("/v1/jobs/{job_id}", job_resource, ["GET", "DELETE"]),
+        ("/v1/jobs/{job_id}/events", job_events, ["GET"]),
+        ("/v1/jobs/{job_id}/follow-token", follow_token, ["POST"]),
+        ("/v1/jobs/{job_id}/cancel", cancel_job, ["POST"]),
+        ("/v1/spill", spill_list, ["GET"]),
+        ("/v1/spill/export", spill_export, ["GET"]),
+        ("/v1/spill/{job_id}/requeue", spill_requeue, ["POST"]),
+        ("/v1/spill/{job_id}/drop", spill_drop, ["POST"]),
+        ("/v1/stats", get_stats, ["GET"]),
+    ]
+    origins = settings.file.server.cors_origins
+    routes = [
+        *(
+            Route(path, _answers_options(endpoint, methods, origins), methods=[*methods, "OPTIONS"])
+            for path, endpoint, methods in api
+        ),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", get_metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
@@ -597,9 +675,31 @@ def create_app(settings: Settings) -> Starlette:
         ResumeqError: _handle,
         Exception: _handle,
     }
-    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    middleware = [
+        Middleware(ForwardedHeaders, trusted=settings.file.server.forwarded_allow_ips),
+        Middleware(Cors, origins=origins),
+    ]
+    app = Starlette(
+        routes=routes, exception_handlers=handlers, lifespan=lifespan, middleware=middleware
+    )
     app.state.service = svc
     return app
+
+
+def _answers_options(
+    endpoint: Callable[[Request], Awaitable[Response]],
+    methods: list[str],
+    origins: tuple[str, ...],
+) -> Callable[[Request], Awaitable[Response]]:
+    """``endpoint``, with ``OPTIONS`` answered (a CORS preflight among them)."""
+
+    async def route(request: Request) -> Response:
+        if request.method == "OPTIONS":
+            return preflight(request, methods, origins)
+        return await endpoint(request)
+
+    route.__name__ = getattr(endpoint, "__name__", "route")
+    return route
 
 
 def unblocking(settings: Settings) -> sse.Unblocking:
@@ -624,9 +724,19 @@ def app_from_env() -> Starlette:
 
 
 def check_exposure(settings: Settings, host: str) -> None:
-    """Refuse to serve on a non-loopback address with no token configured."""
-    if not settings.file.server.tokens and not is_loopback(host):
+    """Refuse to serve on a non-loopback address with no token configured, or behind a
+    proxy with none (everyone the proxy lets through would be an operator)."""
+    server = settings.file.server
+    if server.tokens:
+        return
+    if not is_loopback(host):
         raise ConfigError(
             f"refusing to serve on {host} with no [server] tokens: anyone who can reach it "
             "could read every job (add tokens with `resumeq token new`, or bind to 127.0.0.1)"
+        )
+    if server.forwarded_allow_ips:
+        raise ConfigError(
+            "refusing to serve behind a proxy ([server] forwarded_allow_ips) with no [server] "
+            "tokens: everyone the proxy lets through would be an operator (add tokens with "
+            "`resumeq token new`)"
         )

@@ -30,6 +30,7 @@ _WHY = {
     404: "no such job (or another producer's)",
     409: "the job's state does not allow it",
     413: "the body is over [server] max_body_bytes",
+    501: "follow tokens are not configured ([server] secret_env)",
     415: "not application/json",
     422: "a refused field (named in errors)",
     503: "Redis is unreachable, or the server follows its most jobs (Retry-After)",
@@ -40,6 +41,23 @@ _JSON_JOB = {"description": "the job", "content": {"application/json": {"schema"
 
 
 def document() -> dict[str, Any]:
+    doc = _document()
+    for path, item in doc["paths"].items():
+        if path.startswith("/v1/"):
+            item["options"] = _OPTIONS
+    return doc
+
+
+#: Every ``/v1/`` route answers OPTIONS: its Allow, and CORS preflights from the origins of
+#: ``[server] cors_origins``.
+_OPTIONS = {
+    "summary": "Allowed methods; a CORS preflight from a listed origin",
+    "security": [],
+    "responses": {"204": {"description": "Allow, and for a listed origin the CORS headers"}},
+}
+
+
+def _document() -> dict[str, Any]:
     spec_schema = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
     defs = spec_schema.pop("$defs", {})
     reads = _problems(401, 403, 404, 503)
@@ -76,12 +94,26 @@ def document() -> dict[str, Any]:
                     {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
                     {"name": "after", "in": "query", "schema": {"type": "integer",
                                                                 "minimum": 0}},
+                    {"name": "token", "in": "query", "schema": {"type": "string"},
+                     "description": "a follow token of this job (POST .../follow-token), "
+                     "for a browser's EventSource: no Authorization header then"},
                 ],
                 "responses": {"200": {
                     "description": "id: the revision; event: delta ({text, revision}), "
                     "state ({state}), end ({state}), then the stream closes",
                     "content": {"text/event-stream": {"schema": {"type": "string"}}},
                 }, **_problems(400, 401, 403, 404, 503)},
+            }},
+            "/v1/jobs/{job_id}/follow-token": {"post": {
+                "summary": "A token that opens only this job's events, for a browser",
+                "parameters": [_JOB_ID],
+                "requestBody": {"content": {"application/json": {"schema": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {"ttl_s": {"type": "number", "exclusiveMinimum": 0}}}}}},
+                "responses": {"200": {"description": "the token, and when it expires (ms)",
+                                      "content": {"application/json": {"schema": {
+                                          "$ref": "#/components/schemas/FollowToken"}}}},
+                              **_problems(401, 403, 404, 413, 415, 422, 501, 503)},
             }},
             "/v1/jobs/{job_id}/cancel": {"post": {
                 "summary": "Cancel a job", "parameters": [_JOB_ID],
@@ -140,6 +172,10 @@ def document() -> dict[str, Any]:
                                        "revision": {"type": "integer"},
                                        "links": {"type": "object"}},
                         "additionalProperties": True},
+                "FollowToken": {"type": "object", "required": ["token", "expires_at"],
+                                "properties": {"token": {"type": "string"},
+                                               "expires_at": {"type": "integer"},
+                                               "events": {"type": "string"}}},
                 "SpillPage": {"type": "object", "required": ["items", "next_cursor"],
                               "properties": {"items": {"type": "array", "items": {
                                   "type": "object"}},

@@ -58,6 +58,11 @@ PROBE_S = 1.0
 #: How soon an unblock that found the read not yet blocking tries again.
 UNBLOCK_RETRY_S = 0.002
 
+#: How long a browser's EventSource waits before it reconnects (ms): every stream's first
+#: field. It reconnects with Last-Event-ID, and gets exactly what it has not seen.
+RETRY_MS = 1000
+OPENING = f"retry: {RETRY_MS}\n: following\n\n".encode()
+
 #: What proxies must not do to an event stream: buffer it (nginx), cache it, transform it.
 HEADERS = {
     "Cache-Control": "no-cache, no-transform",
@@ -449,7 +454,7 @@ async def replay(
 ) -> AsyncIterator[str | bytes]:
     """The body for a job whose events the janitor removed already (it ended a while ago:
     ``state``): one snapshot read of its own, the text after ``after`` and ``end``."""
-    yield ": following\n\n"
+    yield OPENING.decode()
     ended = False
     async for revision, fields in client.events(job_id, after=after):
         ended = ended or fields.get("state") in ENDING_STATES
@@ -466,7 +471,7 @@ async def follow(feed: Feed, *, after: int, keepalive_s: float) -> AsyncIterator
     come from the job's feed, shared with every other follower here. A read that fails
     (Redis gone, the job purged) ends the stream without ``end``; the client reconnects
     from its last id."""
-    yield b": following\n\n"  # the headers go out now, not with the first event
+    yield OPENING  # the headers go out now, not with the first event
     index = feed.after(after)  # what the feed has read so far is skipped at once
     sent = False  # any of the job's events, on this connection
     while True:

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import redis
 
+from resumeq import keys
 from resumeq.connection import connect
 
 Probe = Literal["setname", "id", "list", "unblock"]
@@ -39,7 +40,7 @@ COMMANDS: dict[Probe, tuple[str, str, Callable[[redis.Redis], Any]]] = {
     "setname": (
         "CLIENT SETNAME",
         "+client|setname",
-        lambda r: r.client_setname("resumeq:probe"),
+        lambda r: r.client_setname(keys.PROBE_CLIENT_NAME),
     ),
     "id": ("CLIENT ID", "+client|id", lambda r: r.client_id()),
     "list": (

@@ -171,6 +171,11 @@ def presence(worker: str) -> str:
     return f"{PREFIX}:alive:{worker}"
 
 
+#: What a process calls the connection it asks Redis's capabilities on, at start
+#: (:mod:`resumeq.capabilities`).
+PROBE_CLIENT_NAME = f"{PREFIX}:probe"
+
+
 def worker_of_client(name: str) -> str | None:
     """The worker a connection name names, or None (not a worker's connection)."""
     if name.startswith(WORKER_CLIENT_PREFIX):

@@ -89,6 +89,8 @@ REGISTRY_INTERVAL_S = 15.0
 #: The oldest entries of the index of every job checked at each registry clean: an entry
 #: whose job expired (its retention ran out) goes.
 JOBS_INDEX_CHECKED = 500
+#: A suspect is looked at again this long after its presence key's TTL runs out.
+PRESENCE_SLACK_S = 0.01
 #: Expired leases reaped together: each step of a batch is one pipelined round trip.
 REAP_BATCH = 500
 #: Batches one sweep reaps at most (several processes died at once): the rest wait for
@@ -120,6 +122,8 @@ class Janitor:
         self._last_registry_clean = 0.0
         self._liveness = Liveness(ctx.settings.file.janitor.liveness_interval_ms / 1000.0)
         self._last_look = float("-inf")
+        #: When a suspect's presence key expires: the next look is then.
+        self._look_again_at = float("inf")
         #: False once Redis refused ``CLIENT LIST``: dead workers are found by their leases.
         self.looks = ctx.settings.file.janitor.liveness_interval_ms > 0
 
@@ -168,6 +172,9 @@ class Janitor:
             return report
         with redis_errors("presence"):
             alive = present(self.ctx.redis, suspects)
+        if left := [ms for ms in alive.values() if ms >= 0]:
+            # Looked at again as soon as the first of those keys expires, not a look later.
+            self._look_again_at = time.monotonic() + min(left) / 1000 + PRESENCE_SLACK_S
         dead = [w for w in suspects if w not in alive]
         if not dead:
             return report
@@ -247,8 +254,8 @@ class Janitor:
                 stop.wait(max(0.0, until - time.monotonic()))
                 return
             now = time.monotonic()
-            if now - self._last_look >= every_s:
-                self._last_look = now
+            if now - self._last_look >= every_s or now >= self._look_again_at:
+                self._last_look, self._look_again_at = now, float("inf")
                 try:
                     self.check_liveness()
                 except ResumeqError as exc:
@@ -261,7 +268,8 @@ class Janitor:
             left = until - now
             if left <= 0:
                 return
-            stop.wait(min(self._last_look + every_s - now, left))
+            upcoming = min(self._last_look + every_s, self._look_again_at)
+            stop.wait(min(max(0.0, upcoming - now), left))
 
     def _ask_for_client_list(self) -> None:
         """Whether Redis allows ``CLIENT LIST`` (asked once at start; a Redis that cannot

@@ -106,13 +106,15 @@ class Presence:
                 self.client.delete(self.key)
 
 
-def present(client: redis.Redis, workers: Collection[str]) -> set[str]:
-    """Which of ``workers`` show their presence key (one pipelined round trip)."""
+def present(client: redis.Redis, workers: Collection[str]) -> dict[str, int]:
+    """Which of ``workers`` show their presence key, each with the milliseconds it has left
+    (one pipelined round trip)."""
     ordered = list(workers)
     if not ordered:
-        return set()
+        return {}
     with client.pipeline(transaction=False) as pipe:
         for worker in ordered:
-            pipe.exists(keys.presence(worker))
-        found = pipe.execute()
-    return {w for w, n in zip(ordered, found, strict=True) if n}
+            pipe.pttl(keys.presence(worker))
+        left = pipe.execute()
+    # -2: no key; -1: a key without a TTL (set by hand): present, for as long as it stays.
+    return {w: int(ms) for w, ms in zip(ordered, left, strict=True) if ms != -2}

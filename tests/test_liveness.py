@@ -183,6 +183,7 @@ def test_a_frozen_worker_keeps_its_connections_and_is_found_by_its_lease(
         try:
             time.sleep(1.5)  # six looks at the connections: still there
             assert world.store.get(job_id).state.value == "running"
+            fake.token_delay_ms = 0  # the continuation at full speed
             world.cluster.worker()
             record = world.wait_state(job_id, {"done"}, timeout_s=30)  # by its lease
         finally:

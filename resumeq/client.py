@@ -25,7 +25,7 @@ from redis.typing import KeyT, StreamIdT
 from resumeq import keys
 from resumeq.errors import JobNotFound, StoreError
 from resumeq.models import TERMINAL_STATES, JobRecord, JobState
-from resumeq.producer import enqueue_job
+from resumeq.producer import cancel_job, enqueue_job
 from resumeq.settings import StoreSettings
 from resumeq.spec import JobSpec, Limits
 from resumeq.store import DEFAULT_QUEUE, Store, _record, decode, redis_errors
@@ -294,7 +294,7 @@ class Client:
         return Job.from_snapshot(*self.store.snapshot(job_id))
 
     def cancel(self, job_id: str, *, reason: str = CANCEL_REASON) -> Job:
-        self.store.cancel(job_id, reason=reason)
+        cancel_job(self.store, job_id, reason=reason)
         return self.get(job_id)
 
     def wait(self, job_id: str, timeout: float) -> Job:

@@ -11,8 +11,9 @@ One decision with its reason:
   ``budget - spent`` tokens.
 - ``abandon`` / ``spill`` — the job's exit when it cannot go on (remaining budget under the
   floor, attempts used up, estimated counts where exact ones are required, a byte-exact
-  job, ``on_cut`` other than ``resume``): droppable jobs abandon, the others spill — once;
-  a job that cannot go on after a spill has ``failed``.
+  job, ``on_cut`` other than ``resume`` after a cut that left output behind, a run of
+  attempts that delivered nothing for ``retry_window_s``): droppable jobs abandon, the
+  others spill — once; a job that cannot go on after a spill has ``failed``.
 - ``failed`` — a fatal provider error (400/401/403/404/422), or a prompt-hash conflict.
 
 It never answers ``retry`` once a prefix exists: the original request would buy the
@@ -221,7 +222,10 @@ def _settled(job: JobView, cut: Cut) -> Decision | None:
 
 def _why_not_retry(job: JobView) -> str | None:
     remaining = job.budget_tokens - job.spent_output_tokens
-    if job.exit.on_cut != "resume":
+    if job.exit.on_cut != "resume" and job.spent_output_tokens > 0:
+        # ``on_cut`` is for cuts that leave output behind (here reasoning, billed and lost
+        # to a retry); one that left nothing costs nothing to retry, and follows the
+        # no-progress rule whatever the exit (SPEC §22).
         return f"on_cut is {job.exit.on_cut}"
     out_of_time = _out_of_time(job)
     if out_of_time:

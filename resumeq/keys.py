@@ -136,6 +136,11 @@ def totals_day(day: str) -> str:
     return f"{TOTALS}:day:{day}"
 
 
+#: Provider profile → when its totals were first written: the profiles whose series the
+#: metrics show (from what Redis holds, not from a process's config).
+PROVIDERS = f"{TOTALS}:providers"
+
+
 def totals_of(provider: str) -> str:
     """The running totals of one provider profile (names as profiles allow: no braces)."""
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", provider):

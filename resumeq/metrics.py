@@ -85,11 +85,13 @@ def spill_reason(reason: str | None) -> str:
 # -- the exposition ---------------------------------------------------------------------------
 
 
-def render(store: Store, providers: Iterable[str]) -> str:
+def render(store: Store) -> str:
     """The Prometheus text exposition (format 0.0.4) of every metric;
-    :class:`~resumeq.errors.RedisUnavailable` when Redis cannot be read."""
+    :class:`~resumeq.errors.RedisUnavailable` when Redis cannot be read. Each provider
+    with totals in Redis has its series (at most ``MAX_PROVIDER_SERIES``), whatever the
+    serving process's config names: a profile removed from it keeps its counters."""
     with redis_errors("metrics"):
-        return _render(store, providers)
+        return _render(store, store.providers())
 
 
 def _render(store: Store, providers: Iterable[str]) -> str:

@@ -136,7 +136,13 @@ def stats(store: Store, provider: str | None = None) -> dict[str, Any]:
         else totals.get(f"jobs:{state.value}", 0)
         for state in JobState
     }
-    return {"jobs": totals.get("jobs:created", 0), "states": states, **spend}
+    return {
+        "jobs": totals.get("jobs:created", 0),
+        "states": states,
+        **spend,
+        # the profiles with totals of their own (``stats --provider P``, the metrics' series)
+        "providers": store.providers(),
+    }
 
 
 LIVE_STATES = ("queued", "running", "stalled", "spilled")

@@ -9,7 +9,9 @@ from typing import Any
 import redis
 
 from resumeq import outbox
+from resumeq.errors import JobNotFound
 from resumeq.models import CreateResult
+from resumeq.queueing import discard_waiting
 from resumeq.spec import JobSpec
 from resumeq.store import DEFAULT_QUEUE, Store
 
@@ -32,3 +34,26 @@ def enqueue_job(
     result = store.create(spec, queue=queue, owner=owner, request_hash=request_hash)
     outbox.complete(store, connection, result.id)
     return result
+
+
+def cancel_job(store: Store, job_id: str, *, reason: str) -> int:
+    """Cancel a job that is not terminal, and delete the RQ job of the attempt it was
+    waiting for (:func:`~resumeq.queueing.discard_waiting`: a queued, delayed or spilled
+    job's); answers the new revision. What a worker runs stops at its next write."""
+    revision = store.cancel(job_id, reason=reason)
+    try:
+        attempt = store.get(job_id).attempt
+    except JobNotFound:  # purged meanwhile: nothing of it waits
+        return revision
+    discard_waiting(store.redis, job_id, attempt + 1)
+    return revision
+
+
+def purge_job(store: Store, job_id: str) -> int:
+    """Remove a job that no worker holds, everything it owns, and the RQ job of the attempt
+    it was waiting for; answers how many of resumeq's keys were deleted (RQ's failed
+    registry keeps its attempts' records: history)."""
+    attempt = store.get(job_id).attempt  # JobNotFound for an unknown job
+    removed = store.purge(job_id)
+    discard_waiting(store.redis, job_id, attempt + 1)
+    return removed

@@ -248,6 +248,22 @@ def discard_attempt(connection: redis.Redis, job_id: str, attempt: int) -> None:
     _discard(connection, attempt_rq_id(job_id, attempt))
 
 
+def discard_waiting(connection: redis.Redis, job_id: str, attempt: int) -> bool:
+    """Delete an attempt's RQ job if it waits — on its queue, in the spill lane, in the
+    due-time index or RQ's scheduled registry — for a job that was cancelled or purged: a
+    worker would pop it as a no-op, and ``rq info`` would count it meanwhile. One a worker
+    runs is left to it (it sees the job ended at its first write). Answers whether it
+    deleted one."""
+    rq_id = attempt_rq_id(job_id, attempt)
+    raw: Any = connection.hget(Job.key_for(rq_id), "status")
+    status = _status(raw)
+    connection.zrem(keys.DUE, rq_id)
+    if status is None or status == JobStatus.STARTED:
+        return False  # none (or of a status RQ does not know), or a worker runs it
+    _discard(connection, rq_id)
+    return True
+
+
 def _discard(connection: redis.Redis, rq_id: str) -> None:
     try:
         job = Job.fetch(rq_id, connection=connection, serializer=JSONSerializer)

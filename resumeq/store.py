@@ -64,6 +64,8 @@ SPILL_QUEUE = "resumeq-spill"
 #: re-send (doubled each time).
 WRITE_TRIES = 3
 RETRY_PAUSE_S = 0.1
+#: The most provider series the metrics show (``resumeq stats --forget-provider`` retires one).
+MAX_PROVIDER_SERIES = 200
 #: The writes that add an event at a revision they answer (``{'ok', revision, ...}``):
 #: with ``[store] durability = "replica"`` each waits for a replica, then marks its
 #: revision durable for the followers.
@@ -200,6 +202,8 @@ class Store:
         limits: Limits | None = None,
     ) -> None:
         self.redis = client
+        #: Providers this process registered already (:meth:`_note_provider`).
+        self._providers_noted: set[str] = set()
         self.settings = settings or StoreSettings()
         self.limits = limits or DEFAULT_LIMITS
         self._scripts = Scripts(client)
@@ -594,6 +598,7 @@ class Store:
     def append_ledger(self, job_id: str, *, attempt: int, entry: Mapping[str, Any]) -> bool:
         """Record an attempt that ended without an exit of its own (stopped by a cancel,
         fenced out): at most one record per attempt. Answers whether it was written."""
+        self._note_provider(entry)
         job_keys = [keys.job(job_id), keys.ledger(job_id), *_totals_keys(entry)]
         args: list[str | int] = [attempt, _ledger_json(entry), _totals_json(entry)]
         status, *rest = self._run("ledger_append", job_keys, args, job_id, tries=WRITE_TRIES)
@@ -657,6 +662,50 @@ class Store:
         if status in ("not_found", "not_ended", "already_trimmed"):
             return 0
         self._refused(status, rest, job_id, "trim_events")
+
+    def _note_provider(self, entry: Mapping[str, Any] | None) -> None:
+        """Register the provider a ledger record is about to count for, once per process,
+        before the record's totals are written: the metrics list every provider with
+        totals (a registered one with none yet shows zeros)."""
+        provider = (entry or {}).get("provider")
+        if not provider or provider in self._providers_noted:
+            return
+        now_ms = int(time.time() * 1000)
+        self._read("providers", lambda r: r.zadd(keys.PROVIDERS, {provider: now_ms}, nx=True))
+        self._providers_noted.add(provider)
+
+    def providers(self, limit: int = MAX_PROVIDER_SERIES) -> list[str]:
+        """The provider profiles with running totals, by name: the first ``limit`` of them
+        to have been counted. A store written before the registry existed is registered
+        from its totals' keys, once."""
+        names = self._read("providers", lambda r: r.zrange(keys.PROVIDERS, 0, limit - 1))
+        if not names:
+            prefix = keys.totals_of("x")[:-1]
+
+            def seed(r: redis.Redis) -> list[Any]:
+                found = [_s(k)[len(prefix) :] for k in r.scan_iter(match=f"{prefix}*", count=500)]
+                if found:
+                    r.zadd(keys.PROVIDERS, dict.fromkeys(found, 0), nx=True)
+                return found[:limit]
+
+            names = self._read("providers", seed)
+        return sorted(_s(n) for n in names)
+
+    def forget_provider(self, provider: str) -> bool:
+        """Retire a provider's series: its running totals and its place in the registry
+        (the totals of all providers together keep what it counted). Answers whether it
+        was registered."""
+        key = keys.totals_of(provider)
+
+        def forget(r: redis.Redis) -> Any:
+            with r.pipeline() as pipe:
+                pipe.zrem(keys.PROVIDERS, provider)
+                pipe.delete(key)
+                return pipe.execute()
+
+        removed, _ = self._read("forget_provider", forget)
+        self._providers_noted.discard(provider)
+        return bool(removed)
 
     def totals(self, provider: str | None = None, *, day: str | None = None) -> dict[str, int]:
         """The running totals (all jobs', or one provider's), or those of the ledger records
@@ -923,6 +972,7 @@ class Store:
         gets its ``hooks`` in its outbox in the same step (each stays there until it has
         run); its idempotency key expires with it."""
         job_id = lease.job_id
+        self._note_provider(ledger)
         job_keys = [
             keys.job(job_id),
             keys.lease(job_id),
@@ -970,6 +1020,7 @@ class Store:
         :class:`~resumeq.errors.SpillExhausted`.
         """
         job_id = lease.job_id
+        self._note_provider(ledger)
         job_keys = [
             keys.job(job_id),
             keys.lease(job_id),

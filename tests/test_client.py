@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
+from rq.job import JobStatus
 
-from resumeq import keys
+from resumeq import keys, outbox
 from resumeq.client import Client, Delta
 from resumeq.errors import InvalidSpec, JobNotFound
 from resumeq.models import JobState
+from resumeq.producer import purge_job
 from resumeq.queueing import attempt_rq_id, rq_queue
+from resumeq.store import SPILL_QUEUE
 
 SPEC = {"prompt": "Follow me.", "provider": "local", "model": "m", "budget_tokens": 500}
 
@@ -127,3 +131,53 @@ def test_a_job_that_expires_ends_the_follow(client: Client) -> None:
             list(client.follow(job_id, timeout=5))
     finally:
         timer.join(5)
+
+
+def _take(client: Client, job_id: str) -> Any:
+    """Play a worker: its first attempt's RQ job dequeued, the lease taken."""
+    rq_queue("resumeq", client.redis).remove(attempt_rq_id(job_id, 1))
+    return client.store.acquire(job_id, worker="w1", ttl_ms=5000)
+
+
+def _spilled(client: Client) -> str:
+    """A job spilled by its worker: its next attempt waits in the spill lane."""
+    job_id = client.enqueue(SPEC)
+    got = _take(client, job_id)
+    client.store.release(got.lease, to="spilled", reason="on_cut is spill")
+    outbox.complete(client.store, client.redis, job_id)
+    assert rq_queue(SPILL_QUEUE, client.redis).get_job_ids() == [attempt_rq_id(job_id, 2)]
+    return job_id
+
+
+def test_purging_a_spilled_job_leaves_nothing_in_the_spill_lane(client: Client) -> None:
+    job_id = _spilled(client)
+    purge_job(client.store, job_id)
+    assert client.redis.llen(f"rq:queue:{SPILL_QUEUE}") == 0
+    assert not client.redis.exists(f"rq:job:{attempt_rq_id(job_id, 2)}")
+
+
+def test_cancelling_a_waiting_job_removes_its_rq_job_wherever_it_waits(client: Client) -> None:
+    spilled = _spilled(client)
+    queued = client.enqueue(SPEC)
+    delayed = client.enqueue(SPEC)
+    got = _take(client, delayed)
+    client.store.release(got.lease, to="queued", reason="429", delay_ms=60_000)
+    outbox.complete(client.store, client.redis, delayed)
+    assert client.redis.zscore(keys.DUE, attempt_rq_id(delayed, 2)) is not None
+    for job_id in (spilled, queued, delayed):
+        assert client.cancel(job_id).state is JobState.CANCELLED
+    assert client.redis.llen(f"rq:queue:{SPILL_QUEUE}") == 0
+    assert client.redis.llen("rq:queue:resumeq") == 0
+    assert client.redis.zcard(keys.DUE) == 0
+    for rq_id in (attempt_rq_id(spilled, 2), attempt_rq_id(queued, 1), attempt_rq_id(delayed, 2)):
+        assert not client.redis.exists(f"rq:job:{rq_id}")
+
+
+def test_a_running_attempt_is_left_to_its_worker(client: Client) -> None:
+    job_id = client.enqueue(SPEC)
+    rq_job = rq_queue("resumeq", client.redis).fetch_job(attempt_rq_id(job_id, 1))
+    assert rq_job is not None
+    rq_job.set_status(JobStatus.STARTED)
+    client.store.acquire(job_id, worker="w1", ttl_ms=5000)
+    client.cancel(job_id)
+    assert client.redis.exists(f"rq:job:{attempt_rq_id(job_id, 1)}")  # its worker's to end

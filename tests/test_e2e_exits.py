@@ -113,6 +113,24 @@ def test_a_429_with_retry_after_waits_before_retrying(world: World) -> None:
     assert ledger[1]["started_ms"] >= ledger[1]["dequeued_ms"] >= ledger[1]["due_ms"]
 
 
+@pytest.mark.parametrize("on_cut", ["spill", "abandon"])
+def test_a_529_before_any_token_is_retried_whatever_the_exit(world: World, on_cut: str) -> None:
+    """``on_cut`` is for cuts that leave output behind: a transient overload before the
+    first token is retried (backing off, within ``retry_window_s``), never sent to a person
+    (SPEC §22)."""
+    prompt = f"Describe a lighthouse at dusk ({on_cut})."
+    world.fake.add_faults(
+        [{"kind": "status", "status": 529, "retry_after": 0.2, "match": prompt}]
+    )
+    job_id = world.enqueue(prompt, exit={"on_cut": on_cut, "droppable": on_cut == "abandon"})
+    record = world.wait_state(job_id, ENDED)
+    assert record.state.value == "done", (record.state, record.reason)
+    assert world.store.text(job_id) == world.canonical(prompt)
+    ledger = world.store.ledger(job_id)
+    assert [(a["kind"], a["outcome"]) for a in ledger] == [("fresh", "retry"), ("retry", "done")]
+    assert record.spill_count == 0
+
+
 def test_a_300_ms_retry_after_is_waited_out_to_the_millisecond(world: World) -> None:
     """Before: RQ's scheduler kept whole seconds and looked once a second: a 300 ms
     ``retry-after-ms`` started 1 to 2 s later. Measured on the ledger's own timestamps."""

@@ -57,15 +57,49 @@ EXIT_ABANDON = ExitPolicy(droppable=True)
         (job(exit=ExitPolicy(on_cut="abandon", droppable=True)), CUT, "abandon", "on_cut"),
         (job(exit=ExitPolicy(on_cut="abandon")), CUT, "spill", "on_cut is abandon"),
         (job(exit=ExitPolicy(on_cut="spill", droppable=True)), CUT, "spill", "on_cut is spill"),
+        # on_cut is for cuts that leave output behind: one that left nothing is retried,
+        # paced by time, whatever the exit (SPEC §22)...
         (
             job(
                 prefix_chars=0,
                 spent_output_tokens=0,
+                progressed=False,
                 exit=ExitPolicy(on_cut="abandon", droppable=True),
             ),
             CUT,
-            "abandon",
-            "on_cut",
+            "retry",
+            "before any output",
+        ),
+        (
+            job(
+                prefix_chars=0,
+                spent_output_tokens=0,
+                progressed=False,
+                exit=ExitPolicy(on_cut="spill"),
+            ),
+            Cut(kind="retryable", retry_after_s=2.0),
+            "retry",
+            "retryable before any output",
+        ),
+        # ...and takes the exit once such a run outlasts the window, naming it.
+        (
+            job(
+                prefix_chars=0,
+                spent_output_tokens=0,
+                progressed=False,
+                failing_for_s=400,
+                exit=ExitPolicy(on_cut="spill"),
+            ),
+            Cut(kind="retryable"),
+            "spill",
+            "(retry window 300 s)",
+        ),
+        # Reasoning billed and cut before any text: left output behind.
+        (
+            job(prefix_chars=0, spent_output_tokens=40, exit=ExitPolicy(on_cut="spill")),
+            CUT,
+            "spill",
+            "on_cut is spill",
         ),
         (
             job(prefix_chars=0, spent_output_tokens=0, progressed=False, failing_for_s=301),
@@ -172,6 +206,16 @@ def test_properties(view: JobView, cut: Cut, jitter: float) -> None:
         assert view.exit.on_cut == "resume" and not view.byte_exact
         assert view.counts_exact or not view.require_exact_counts
         assert not cut.in_non_text_block
+    # A cut that left nothing behind is retried whatever the exit, until the window ends.
+    nothing_left = view.prefix_chars == 0 and view.spent_output_tokens == 0
+    if (
+        nothing_left
+        and not view.progressed
+        and view.failing_for_s < view.retry_window_s
+        and cut.kind not in ("finished", "fatal", "conflict")
+        and view.budget_tokens >= view.floor_tokens
+    ):
+        assert d.action == "retry", (view, cut, d)
     if d.action in ("resume", "retry"):
         assert d.max_tokens == remaining > 0 and 0 <= d.delay_s <= RETRY_AFTER_CAP_S
         # Counted out only when making progress; timed out only when not.

@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from resumeq import keys
 from resumeq.fake import FakeProvider
+from resumeq.ledger import AttemptRecord
 from resumeq.producer import enqueue_job
 from resumeq.server import create_app
 from resumeq.settings import Settings
@@ -670,6 +671,34 @@ def test_metrics_parse_and_their_token_totals_equal_the_ledgers(api: Api) -> Non
     text = api.as_("dash").get("/metrics").text
     assert all(job["id"] not in text for job in jobs)  # no job id, as a name or a label
     assert api.as_("web").get("/metrics").status_code == 403
+
+
+def test_metrics_count_every_provider_redis_holds_not_those_the_config_names(api: Api) -> None:
+    """A profile the serving process does not name (another deployment's, or one removed
+    from the config) keeps its series: the attempts the metrics count are those ``stats``
+    counts."""
+    wait_for(lambda: not unsettled(api), timeout_s=60, what="every attempt recorded")
+    store = api.store
+    created = store.create(
+        {"prompt": "Counted elsewhere", "provider": "retired", "model": "m", "budget_tokens": 50}
+    )
+    got = store.acquire(created.id, worker="elsewhere", ttl_ms=5000)
+    entry = AttemptRecord(attempt=1, kind="fresh", worker="elsewhere", outcome="done",
+                          cut="finished", provider="retired", output_tokens=7,
+                          output_tokens_persisted=7, counts_exact=True)  # fmt: skip
+    store.finish(got.lease, state="done", finish_reason="stop", ledger=entry.to_json_dict())
+    samples = scrape(api)
+    attempts = samples["resumeq_attempts_total"]
+    assert attempts[(("kind", "fresh"), ("outcome", "done"), ("provider", "retired"))] == 1
+    stats = api.as_("dash").get("/v1/stats").json()
+    assert sum(attempts.values()) == stats["attempts"]
+    assert "retired" in stats["providers"]
+    billed = samples["resumeq_tokens_billed_total"]
+    assert billed[(("provider", "retired"), ("type", "output"))] == 7
+    # Retired on purpose, its series go (the totals of all providers keep what it counted).
+    assert store.forget_provider("retired")
+    assert not any(dict(k).get("provider") == "retired"
+                   for k in scrape(api)["resumeq_attempts_total"])  # fmt: skip
 
 
 def test_followers_of_several_jobs_share_one_read_and_leave_nothing_running(api: Api) -> None:

@@ -9,12 +9,12 @@ from typing import Any
 
 import click
 
-from resumeq import ops
+from resumeq import keys, ops
 from resumeq.cli._base import EXIT_ERROR, Context, _emit, cli, reports_errors
 from resumeq.client import Client
 from resumeq.errors import InvalidTransition, ProviderError, ResumeqError
 from resumeq.models import JobState
-from resumeq.producer import enqueue_job
+from resumeq.producer import cancel_job, enqueue_job, purge_job
 from resumeq.store import DEFAULT_QUEUE
 
 #: States whose ``reason`` says why the job is in them; a running job's, or an ended
@@ -190,11 +190,24 @@ def tail(obj: Context, job_id: str, after: int) -> None:
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--provider", default=None, help="Only this provider profile's totals.")
+@click.option(
+    "--forget-provider",
+    "forget",
+    default=None,
+    metavar="NAME",
+    help="Retire a provider profile's totals and its metrics series (the totals of all "
+    "providers keep what it counted).",
+)
 @click.pass_obj
 @reports_errors
-def stats(obj: Context, as_json: bool, provider: str | None) -> None:
+def stats(obj: Context, as_json: bool, provider: str | None, forget: str | None) -> None:
     """Jobs by state (now, and ended since the totals began) and token totals; with
     --provider, the token and attempt totals of that provider profile's attempts."""
+    if forget is not None:
+        if provider is not None:
+            raise click.UsageError("--forget-provider goes alone, without --provider")
+        _forget_provider(obj, forget, as_json)
+        return
     info = ops.stats(obj.store, provider)
     if as_json:
         _emit(info)
@@ -212,6 +225,22 @@ def stats(obj: Context, as_json: bool, provider: str | None) -> None:
         click.echo("counts incomplete: attempts in flight, or a bill known only as a lower bound")
 
 
+def _forget_provider(obj: Context, provider: str, as_json: bool) -> None:
+    try:
+        keys.totals_of(provider)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--forget-provider") from None
+    if not obj.store.forget_provider(provider):
+        raise click.BadParameter(
+            f"no provider {provider!r} has totals (stats --json lists them)",
+            param_hint="--forget-provider",
+        )
+    if as_json:
+        _emit({"forgotten": provider})
+    else:
+        click.echo(f"forgot provider {provider}: its totals and its metrics series")
+
+
 @cli.command()
 @click.argument("job_id")
 @click.option("--reason", default="cancelled by operator", show_default=True)
@@ -224,7 +253,7 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
     A job that had already ended is left as it was, and said so (``already_ended`` in the
     JSON, which is the job's status either way); the exit code is 0 both ways."""
     try:
-        revision = obj.store.cancel(job_id, reason=reason)
+        revision = cancel_job(obj.store, job_id, reason=reason)
         already_ended = False
         obj.audit("cancel", [job_id], reason)
     except InvalidTransition as exc:
@@ -272,7 +301,7 @@ def _stop_response(obj: Context, job_id: str) -> tuple[str | None, str | None]:
 @reports_errors
 def purge(obj: Context, job_id: str, as_json: bool) -> None:
     """Remove a job and everything it owns now (a running job: cancel it first)."""
-    removed = obj.store.purge(job_id)
+    removed = purge_job(obj.store, job_id)
     obj.audit("purge", [job_id])
     if as_json:
         _emit({"id": job_id, "purged": True, "keys_removed": removed})

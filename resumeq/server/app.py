@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from resumeq import audit, keys, metrics
+from resumeq import audit, keys, metrics, producer
 from resumeq.async_client import AsyncClient
 from resumeq.capabilities import refused, warning
 from resumeq.connection import connect
@@ -426,7 +426,9 @@ async def cancel_job(request: Request) -> Response:
     svc = service(request)
     job_id = job_id_of(request)
     await visible_job(request, who, job_id)
-    await svc.run(svc.store.cancel, job_id, reason=f"cancelled by {who.name} over HTTP")
+    await svc.run(
+        producer.cancel_job, svc.store, job_id, reason=f"cancelled by {who.name} over HTTP"
+    )
     await svc.run(svc.audit, who, "cancel", job_id)
     return JSONResponse(await visible_job(request, who, job_id))
 
@@ -440,7 +442,7 @@ async def delete_job(request: Request) -> Response:
     svc = service(request)
     job_id = job_id_of(request)
     await svc.run(svc.store.get, job_id)  # 404 for an unknown job
-    await svc.run(svc.store.purge, job_id)
+    await svc.run(producer.purge_job, svc.store, job_id)
     await svc.run(svc.audit, who, "purge", job_id)
     return Response(status_code=204)
 
@@ -553,8 +555,8 @@ async def get_metrics(request: Request) -> Response:
     svc = service(request)
     if not svc.server.public_metrics:
         principal(request, CAN_READ_ALL)
-    providers = list(svc.settings.file.providers)
-    text = await svc.run(metrics.render, svc.store, providers)
+    # The providers with totals in Redis, whatever this process's config names.
+    text = await svc.run(metrics.render, svc.store)
     hub = svc.hub
     text += (
         "# HELP resumeq_server_followers Event streams open on this server process.\n"

@@ -42,6 +42,7 @@ from resumeq.ops import (
     spill_export_lines,
     spill_page,
 )
+from resumeq.producer import cancel_job
 from resumeq.server import sse
 from resumeq.server.console import data, session
 from resumeq.server.console.session import COOKIE, Session
@@ -388,7 +389,9 @@ class Console:
         job_id = _job_id(request)
         name = who.principal.name
         try:
-            await svc.run(svc.store.cancel, job_id, reason=f"cancelled by {name} in the console")
+            await svc.run(
+                cancel_job, svc.store, job_id, reason=f"cancelled by {name} in the console"
+            )
         except JobNotFound:
             raise PageError(404, f"No job {job_id}.") from None
         except InvalidTransition as exc:

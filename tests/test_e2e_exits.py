@@ -119,9 +119,7 @@ def test_a_529_before_any_token_is_retried_whatever_the_exit(world: World, on_cu
     first token is retried (backing off, within ``retry_window_s``), never sent to a person
     (SPEC §22)."""
     prompt = f"Describe a lighthouse at dusk ({on_cut})."
-    world.fake.add_faults(
-        [{"kind": "status", "status": 529, "retry_after": 0.2, "match": prompt}]
-    )
+    world.fake.add_faults([{"kind": "status", "status": 529, "retry_after": 0.2, "match": prompt}])
     job_id = world.enqueue(prompt, exit={"on_cut": on_cut, "droppable": on_cut == "abandon"})
     record = world.wait_state(job_id, ENDED)
     assert record.state.value == "done", (record.state, record.reason)

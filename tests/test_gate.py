@@ -189,6 +189,23 @@ cuts = st.builds(
 
 
 @given(view=views, cut=cuts, jitter=st.floats(0, 0.999))
+def test_a_cut_that_left_nothing_is_retried_whatever_the_exit(
+    view: JobView, cut: Cut, jitter: float
+) -> None:
+    """Until the retry window ends (SPEC §22)."""
+    d = decide(view, cut, jitter=jitter)
+    nothing_left = view.prefix_chars == 0 and view.spent_output_tokens == 0
+    if (
+        nothing_left
+        and not view.progressed
+        and view.failing_for_s < view.retry_window_s
+        and cut.kind not in ("finished", "fatal", "conflict")
+        and view.budget_tokens >= view.floor_tokens
+    ):
+        assert d.action == "retry", (view, cut, d)
+
+
+@given(view=views, cut=cuts, jitter=st.floats(0, 0.999))
 def test_properties(view: JobView, cut: Cut, jitter: float) -> None:
     d = decide(view, cut, jitter=jitter)
     remaining = view.budget_tokens - view.spent_output_tokens
@@ -206,16 +223,6 @@ def test_properties(view: JobView, cut: Cut, jitter: float) -> None:
         assert view.exit.on_cut == "resume" and not view.byte_exact
         assert view.counts_exact or not view.require_exact_counts
         assert not cut.in_non_text_block
-    # A cut that left nothing behind is retried whatever the exit, until the window ends.
-    nothing_left = view.prefix_chars == 0 and view.spent_output_tokens == 0
-    if (
-        nothing_left
-        and not view.progressed
-        and view.failing_for_s < view.retry_window_s
-        and cut.kind not in ("finished", "fatal", "conflict")
-        and view.budget_tokens >= view.floor_tokens
-    ):
-        assert d.action == "retry", (view, cut, d)
     if d.action in ("resume", "retry"):
         assert d.max_tokens == remaining > 0 and 0 <= d.delay_s <= RETRY_AFTER_CAP_S
         # Counted out only when making progress; timed out only when not.

@@ -89,6 +89,27 @@ def estimate(chunks: int, output_bytes: int, *, counted: int, bytes_per_token: f
     return max(counted, chunks, math.ceil(output_bytes / bytes_per_token))
 
 
+def let_go(
+    *,
+    already: int,
+    billed: int | None,
+    output_bytes: int | None,
+    stored_bytes: int,
+    bytes_per_token: float,
+) -> int:
+    """What a background response being let go made that the cursor has not counted
+    (SPEC §22): the provider's figure for it where it said one (``billed``, after it was
+    cancelled: it bills what it made until it stops), else an estimate that errs high from
+    the larger of what it reports having written (``output_bytes``) and what of it was
+    stored; less what was ``already`` counted of it. Never negative."""
+    if billed is not None and billed >= 0:
+        made = billed
+    else:
+        seen = max(output_bytes or 0, stored_bytes, 0)
+        made = estimate(0, seen, counted=already, bytes_per_token=bytes_per_token)
+    return max(0, made - already)
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why a count cannot be right, and whether it is too high (then the truth is at

@@ -42,7 +42,7 @@ from rq.registry import clean_registries
 from resumeq import due, failpoints, ops, outbox
 from resumeq.capabilities import Refusal, is_refusal, refusal, refused, warning
 from resumeq.context import WorkerContext
-from resumeq.counting import estimate
+from resumeq.counting import estimate, let_go
 from resumeq.errors import (
     ConfigError,
     CorruptRecord,
@@ -84,6 +84,8 @@ SCHEDULE_GRACE_S = 3.0
 #: The estimate's ratio for a job whose provider profile this janitor does not know: the
 #: lowest default of any kind, so that it errs high.
 MIN_BYTES_PER_TOKEN = 2.0
+#: Decisions after which an attempt reads the job's background response on.
+RESUMING = frozenset({"retry", "resume"})
 #: RQ's registries are cleaned at most this often.
 REGISTRY_INTERVAL_S = 15.0
 #: The oldest entries of the index of every job checked at each registry clean: an entry
@@ -357,8 +359,12 @@ class Janitor:
         texts = self.store.attempt_texts([(d.job_id, d.record.attempt_text_base) for d in dead])
         for d, (size, tail) in zip(dead, texts, strict=True):
             d.text_bytes, d.tail = size, tail
-        dead = self._count_dead_attempts(report, dead)
+        for d in dead:
+            d.counted, d.tokens = self._dead_attempt_tokens(d.record, d.text_bytes)
         dead = [d for d in dead if self._judge(report, d)]
+        for d in dead:
+            self._safe(report, self._count_released, d)
+        dead = self._flush_counts(report, dead)
         dead = self._commit(report, dead)
         if not dead:
             return resolved
@@ -434,21 +440,56 @@ class Janitor:
                     dead.append(_Dead(result.acquired, by_liveness=job_id in (dead_tokens or {})))
         return dead, resolved
 
-    def _count_dead_attempts(self, report: SweepReport, dead: list[_Dead]) -> list[_Dead]:
-        """Each dead attempt's output tokens (:meth:`_dead_attempt_tokens`); the estimates
-        that raise a cursor flushed in one round trip. Answers the jobs that go on."""
-        raised: list[_Dead] = []
-        for d in dead:
-            d.counted, d.tokens = self._dead_attempt_tokens(d.record, d.text_bytes)
-            if d.tokens > d.counted:
-                raised.append(d)
+    def _count_released(self, d: _Dead) -> None:
+        """A dead attempt whose job takes an exit (no attempt will read its background
+        response on): the response is cancelled at its provider, and what it made that the
+        cursor had not counted is counted now (SPEC §22), into the flush and the ledger
+        record before the exit."""
+        record, decision = d.record, d.decision
+        if record.response_id is None or decision is None or decision.action in RESUMING:
+            return
+        provider = (record.response_for or "").partition(" ")[0]
+        try:
+            profile = self.ctx.settings.profile(provider)
+        except ConfigError:
+            profile = None
+        released = ops.Released()
+        if profile is not None:
+            http = self.ctx.http.get(provider, profile)
+            released = ops.release_background_response(
+                self.ctx.settings, provider, record.response_id, http
+            )
+        spent = record.spent_output_tokens + d.tokens - d.counted
+        d.carried = let_go(
+            already=spent - (record.response_spent_base or 0),
+            billed=released.billed_output,
+            output_bytes=released.output_bytes,
+            stored_bytes=d.text_bytes - (record.response_text_base or 0),
+            bytes_per_token=profile.bytes_per_token if profile else MIN_BYTES_PER_TOKEN,
+        )
+        if d.carried:
+            d.ledger["carried_output_tokens"] = d.carried
+            d.ledger["output_tokens_persisted"] = d.ledger.get("output_tokens_persisted", 0) + (
+                d.carried
+            )
+            log.info(
+                "job %s: its response %s, let go, made %d tokens nobody counted",
+                d.job_id,
+                record.response_id,
+                d.carried,
+            )
+
+    def _flush_counts(self, report: SweepReport, dead: list[_Dead]) -> list[_Dead]:
+        """The counts that raise a cursor (an estimate above the dead attempt's count, what
+        a released response made), flushed in one round trip. Answers the jobs that go on."""
+        raised = [d for d in dead if d.tokens > d.counted or d.carried]
         answers = self.store.write_many([d.flush_estimate() for d in raised])
         lost: set[str] = set()
         for d, answer in zip(raised, answers, strict=True):
             if isinstance(answer, Exception):
                 self._failed(report, "flush", d.job_id, answer)
                 lost.add(d.job_id)
-            else:
+            elif d.tokens > d.counted:
                 log.info(
                     "job %s: the dead attempt's %d counted tokens raised to an estimate of %d",
                     d.job_id,
@@ -667,6 +708,8 @@ class _Dead:
         self.text_bytes, self.tail = 0, ""
         #: The dead attempt's output tokens as it counted them, and as they stand.
         self.counted = self.tokens = 0
+        #: What its background response made and nobody counted, when it is let go.
+        self.carried = 0
         self.progressed = False
         self.decision: Decision | None = None
         self.ledger: dict[str, Any] = {}
@@ -685,8 +728,10 @@ class _Dead:
         return f"resumeq failed job {self.job_id} after its worker died: {self.error}"
 
     def flush_estimate(self) -> Callable[[Store], object]:
-        """The write that raises the cursor to the dead attempt's estimate."""
-        lease, revision, tokens = self.lease, self.record.revision, self.tokens - self.counted
+        """The write that raises the cursor to the dead attempt's estimate, and by what a
+        released response made."""
+        lease, revision = self.lease, self.record.revision
+        tokens = self.tokens - self.counted + self.carried
         return lambda store: store.flush(
             lease, expected_revision=revision, delta="", tokens=tokens, exact=False
         )

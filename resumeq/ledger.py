@@ -58,6 +58,9 @@ class AttemptRecord(BaseModel):
     #: Among them, the output of a background response that could not be read on (billed
     #: by the provider, never read) that this attempt counted before it continued.
     carried_output_tokens: int = 0
+    #: Output billed and never read, nor counted into the cursor: what a cancelled job's
+    #: background response made after its last checkpoint, until it was cancelled.
+    unread_output_tokens: int = 0
     #: The reasoning (thinking) tokens among them, where known: billed, never resumed.
     reasoning_tokens: int | None = None
     chars_persisted: int = 0
@@ -79,8 +82,8 @@ class AttemptRecord(BaseModel):
     def billed_output(self) -> int:
         """Output tokens this attempt is charged for: the provider's count where known."""
         if self.output_tokens is None:
-            return self.output_tokens_persisted
-        return self.output_tokens + self.carried_output_tokens
+            return self.output_tokens_persisted + self.unread_output_tokens
+        return self.output_tokens + self.carried_output_tokens + self.unread_output_tokens
 
     def totals(self) -> dict[str, int]:
         """What this record adds to the running totals (``stats``, the metrics)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -11,10 +12,11 @@ from typing import Any
 import httpx
 
 from resumeq import keys, outbox
-from resumeq.errors import ConfigError, JobNotFound, ResumeqError
+from resumeq.errors import ConfigError, JobNotFound, ProviderError, ResumeqError
 from resumeq.ledger import summary
 from resumeq.models import JobRecord, JobState
 from resumeq.providers import make_client
+from resumeq.providers.openai_responses import usage_of
 from resumeq.queueing import discard_attempt
 from resumeq.settings import Settings
 from resumeq.store import Store, decode, redis_errors
@@ -394,6 +396,63 @@ def stop_background_response(settings: Settings, provider: str, response_id: str
         return False
     with httpx.Client() as http:
         return make_client(profile, http).cancel(response_id)
+
+
+@dataclass(frozen=True)
+class Released:
+    """What a background response let go made, as the provider says after its cancel:
+    its output tokens (None where it reports no usage) and the UTF-8 bytes of its output
+    text (None where it could not be read)."""
+
+    billed_output: int | None = None
+    output_bytes: int | None = None
+
+
+def release_background_response(
+    settings: Settings, provider: str, response_id: str, http: httpx.Client | None = None
+) -> Released:
+    """Cancel a background response nobody will read on, then read what it made (SPEC
+    §22: cancelled first, counted after). Best effort: a provider that cannot be asked, or a
+    profile this process does not know, answers what is known (nothing)."""
+    try:
+        profile = settings.profile(provider)
+    except ConfigError:
+        return Released()
+    if not profile.background:
+        return Released()
+    own = http is None
+    client = make_client(profile, http or httpx.Client())
+    try:
+        with contextlib.suppress(ProviderError):
+            client.cancel(response_id)
+        status = getattr(client, "status", None)
+        if status is None:
+            return Released()
+        try:
+            data = status(response_id)
+        except ProviderError:
+            return Released()
+    finally:
+        if own:
+            client.http.close()
+    usage = usage_of(data.get("usage"))
+    return Released(
+        billed_output=usage.output_tokens if usage is not None else None,
+        output_bytes=_output_bytes(data.get("output")),
+    )
+
+
+def _output_bytes(output: Any) -> int | None:
+    """The bytes of a Responses object's output text (its messages' ``output_text``)."""
+    if not isinstance(output, list):
+        return None
+    size = 0
+    for item in output:
+        content = item.get("content") if isinstance(item, dict) else None
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                size += len(part["text"].encode("utf-8"))
+    return size
 
 
 def response_of(record: JobRecord) -> tuple[str, str, str] | None:

@@ -27,7 +27,7 @@ from resumeq import metrics, ops
 from resumeq.checkpoint import Checkpointer
 from resumeq.context import Handoff, WorkerContext, context
 from resumeq.continuation import AttemptKind, RequestPlan, plan_reattach, plan_request
-from resumeq.counting import Count, Tally, estimate, settle
+from resumeq.counting import Count, Tally, let_go, settle
 from resumeq.errors import (
     ConfigError,
     CorruptRecord,
@@ -141,6 +141,15 @@ class _Call:
     #: and that response's output tokens the cursor had not counted (billed, never read).
     reattach_refused: str = ""
     carried: int = 0
+    #: Output a cancelled job's background response made past the cursor: billed, never
+    #: read, and never in the cursor (a cancelled job takes no more writes).
+    unread: int = 0
+    #: The cursor and the stored text's bytes where the response this attempt made began
+    #: (None: it made none; a reattached one's are the record's).
+    response_bases: tuple[int, int] | None = None
+    #: Set when nothing is to be bought (what a response let go made left too little):
+    #: the attempt ends with this cut, before any request.
+    skip: Cut | None = None
 
     @functools.cached_property
     def made_for(self) -> str:
@@ -223,21 +232,8 @@ class AttemptRunner:
             return apply_decision(
                 self.store, self.ctx.redis, lease, record, early, ledger=entry.to_json_dict()
             )
-        profile = self.ctx.settings.profile(record.spec.provider)
-        prefix = self.store.text(record.id)
-        client = make_client(profile, self.ctx.http.get(record.spec.provider, profile))
-        plan = self._plan(lease, record, profile, prefix)
-        ckpt = Checkpointer(
-            self.store,
-            lease,
-            revision=record.revision,
-            flush_tokens=self.worker.flush_tokens,
-            flush_ms=self.worker.flush_ms,
-            flush_min_ms=self.worker.flush_min_ms,
-        )
-        call = _Call(record, profile, plan, client, _splicer(plan, profile, prefix), ckpt, prefix)
-        if plan.kind == "reattach":
-            call.response_id = plan.response_id
+        call = self._prepare(lease, record)
+        profile, prefix, ckpt = call.profile, call.prefix, call.ckpt
         result, count = self._stream_and_count(call)
         handoff = self.ctx.handoff.is_set() and result.cut.kind in ("stream_cut", "stall")
         if handoff:
@@ -249,9 +245,9 @@ class AttemptRunner:
                 if isinstance(result.lost, WriteRefused)
                 else LeaseLost(str(result.lost), job_id=record.id)
             )
-            self._record_stopped(call, result, started, lost)
             if isinstance(lost, JobCancelled):
-                self._cancel_response(call, "the job was cancelled")
+                self._count_cancelled_response(call)
+            self._record_stopped(call, result, started, lost)
             raise lost
         for note in call.splicer.report.notes:
             log.info("job %s attempt %d: %s", record.id, record.attempt, note)
@@ -318,14 +314,38 @@ class AttemptRunner:
                 progressed=progressed,
             )
         except (WriteRefused, JobNotFound) as exc:
-            self._record_stopped(call, result, started, exc, count=count)
             if isinstance(exc, JobCancelled):
-                self._cancel_response(call, "the job was cancelled")
+                self._count_cancelled_response(call)
+            self._record_stopped(call, result, started, exc, count=count)
             raise
         if result.cut.kind != "finished" and decision.action not in ("retry", "resume"):
             self._cancel_response(call, f"the job's exit is {decision.action}")
         self._record_metrics(call, result)
         return state
+
+    def _prepare(self, lease: Lease, record: JobRecord) -> _Call:
+        """What the attempt will call: its profile's client, its plan (a reattach, a fresh
+        request or a continuation) and its checkpointer."""
+        profile = self.ctx.settings.profile(record.spec.provider)
+        prefix = self.store.text(record.id)
+        client = make_client(profile, self.ctx.http.get(record.spec.provider, profile))
+        plan = self._plan(lease, record, profile, prefix)
+        ckpt = Checkpointer(
+            self.store,
+            lease,
+            revision=record.revision,
+            flush_tokens=self.worker.flush_tokens,
+            flush_ms=self.worker.flush_ms,
+            flush_min_ms=self.worker.flush_min_ms,
+        )
+        call = _Call(record, profile, plan, client, _splicer(plan, profile, prefix), ckpt, prefix)
+        if plan.kind == "reattach":
+            call.response_id = plan.response_id
+        elif record.response_id is not None:
+            # A response this attempt cannot read on (made for another profile or model:
+            # the job was moved): what it made is counted before anything is bought.
+            self._continue_without_response(call, why="it cannot be read on")
+        return call
 
     # -- background responses --------------------------------------------------------------
 
@@ -333,8 +353,8 @@ class AttemptRunner:
         self, lease: Lease, record: JobRecord, profile: ProviderProfile, prefix: str
     ) -> RequestPlan:
         """Read on the background response an earlier attempt made, where it can be;
-        otherwise (forgetting it, and handing it to the janitor to stop if it may still
-        be generating for nobody) a fresh request or a continuation."""
+        otherwise a fresh request or a continuation (the response is let go once the
+        attempt can count it: :meth:`_let_response_go`)."""
         spec = record.spec
         if record.response_id is not None:
             if profile.background and record.reattachable:
@@ -350,7 +370,6 @@ class AttemptRunner:
             elif not profile.background:
                 why = f"profile {spec.provider} no longer makes background responses"
             log.info("job %s: not reading on response %s: %s", record.id, record.response_id, why)
-            self._let_go(lease, record)
         return plan_request(spec, profile, prefix=prefix, remaining_tokens=record.remaining_tokens)
 
     def _let_go(self, lease: Lease, record: JobRecord) -> None:
@@ -368,34 +387,33 @@ class AttemptRunner:
 
     def _refused_reattach(self, call: _Call, exc: ReattachRefused) -> bool:
         """The provider cannot give the rest of the response: go on from the stored prefix
-        with the profile's continuation, in this same attempt. What the response made that
-        the cursor has not counted was billed all the same: it is counted first (the
-        provider's figure where it said one, else an estimate from its stored text that errs
-        high), so that the continuation cannot buy past the budget. Answers False when what
-        is left is below what a request may ask for (the gate decides)."""
-        record, profile = call.record, call.profile
+        with the profile's continuation, in this same attempt, once what the response made
+        is counted (:meth:`_let_response_go`). Answers False when what is left is below
+        what a request may ask for, or the job is byte-exact (the gate decides)."""
+        record = call.record
         log.info("job %s: reattach refused, continuing instead: %s", record.id, exc)
-        self._let_go(call.ckpt.lease, record)
         call.reattach_refused = str(exc)[:500]
-        call.response_id = None
-        if record.spec.byte_exact:
+        counted = self._let_response_go(call, hint=exc.billed_output)
+        if record.spec.byte_exact or not counted:
             return False  # a continuation would be a new draw: the gate takes the exit
-        already = record.spent_output_tokens - (record.response_spent_base or 0)
-        billed = exc.billed_output
-        if billed is None:
-            stored = len(call.prefix.encode("utf-8")) - (record.response_text_base or 0)
-            billed = estimate(
-                0, max(0, stored), counted=already, bytes_per_token=profile.bytes_per_token
+        return self._replan(call)
+
+    def _continue_without_response(self, call: _Call, *, why: str) -> None:
+        """The job's response is let go before the attempt's request (SPEC §22); with
+        what is left after counting it the request is planned again, or skipped."""
+        counted = self._let_response_go(call)
+        if not counted or not self._replan(call):
+            call.skip = Cut(
+                kind="stream_cut",
+                detail=f"the job's background response ({why}) was let go: "
+                f"{call.carried} tokens it made counted, too little left to ask for",
             )
-        carried = max(0, billed - already)
-        if carried:
-            try:
-                call.ckpt.carry(carried)
-            except RedisUnavailable as unreachable:
-                log.warning("job %s: the refused response not counted: %s", record.id, unreachable)
-                return False
-            call.carried = carried
-        remaining = record.remaining_tokens - carried
+
+    def _replan(self, call: _Call) -> bool:
+        """The continuation for what is left once :attr:`_Call.carried` is counted; False
+        when that is below what a request may ask for."""
+        record, profile = call.record, call.profile
+        remaining = record.remaining_tokens - call.carried
         if remaining < max(record.floor_tokens, profile.min_output_tokens, 1):
             return False
         call.plan = plan_request(
@@ -404,13 +422,61 @@ class AttemptRunner:
         call.splicer = _splicer(call.plan, profile, call.prefix)
         return True
 
+    def _let_response_go(self, call: _Call, *, hint: int | None = None) -> bool:
+        """One rule for a background response nobody will read on (SPEC §22): cancelled at
+        its provider first (it bills what it made until it stops), then what it made and
+        the cursor had not counted is counted — the provider's figure, else ``hint``, else
+        an estimate that errs high (:func:`resumeq.counting.let_go`) — before anything
+        else is bought; then it is forgotten. Answers False when Redis could not take the
+        count (nothing more is bought then)."""
+        record = call.record
+        provider = (record.response_for or "").partition(" ")[0]
+        released = self._release(provider, record.response_id) if record.response_id else None
+        try:
+            ratio = self.ctx.settings.profile(provider).bytes_per_token
+        except ConfigError:
+            ratio = call.profile.bytes_per_token
+        billed = released.billed_output if released else None
+        carried = let_go(
+            already=record.spent_output_tokens - (record.response_spent_base or 0),
+            billed=billed if billed is not None else hint,
+            output_bytes=released.output_bytes if released else None,
+            stored_bytes=len(call.prefix.encode("utf-8")) - (record.response_text_base or 0),
+            bytes_per_token=ratio,
+        )
+        self._let_go(call.ckpt.lease, record)
+        call.response_id = None
+        if carried:
+            try:
+                call.ckpt.carry(carried)
+            except RedisUnavailable as unreachable:
+                log.warning("job %s: the response let go not counted: %s", record.id, unreachable)
+                return False
+            call.carried += carried
+        return True
+
+    def _release(self, provider: str, response_id: str) -> ops.Released:
+        """Cancel the response at its provider and read what it made (best effort)."""
+        try:
+            profile = self.ctx.settings.profile(provider)
+        except ConfigError:
+            return ops.Released()
+        http = self.ctx.http.get(provider, profile)
+        return ops.release_background_response(self.ctx.settings, provider, response_id, http)
+
     def _started(self, call: _Call, stream: ProviderStream) -> None:
         """The provider named the response it makes: recorded at once, before any of its
         output, so that a worker that dies now leaves a response to read on."""
         position = self._position(call, stream)
         if position is not None:
             call.response_id = position.response_id
-            call.ckpt.note(position)  # Redis unreachable: every flush tries again, the last one too
+            # What it makes is what the cursor gains from here (as note_response says).
+            ckpt = call.ckpt
+            call.response_bases = (
+                call.record.spent_output_tokens + ckpt.flushed_tokens + call.carried,
+                len(call.prefix.encode("utf-8")) + ckpt.flushed_bytes,
+            )
+            ckpt.note(position)  # Redis unreachable: every flush tries again, the last one too
 
     @staticmethod
     def _position(call: _Call, stream: ProviderStream) -> ResponsePosition | None:
@@ -424,6 +490,35 @@ class AttemptRunner:
             sequence=stream.sequence if call.splicer.passing and not stream.holding else None,
             made_for=call.made_for,
         )
+
+    def _count_cancelled_response(self, call: _Call) -> None:
+        """The job was cancelled while this attempt read a background response: cancel it
+        at the provider, then count what it made past what the cursor had (SPEC §22) into
+        the attempt's record — the cursor of a cancelled job takes no more writes, but the
+        ledger and the totals still say what was billed."""
+        if call.response_id is None or not call.profile.background:
+            return
+        record, ckpt = call.record, call.ckpt
+        released = self._release(record.spec.provider, call.response_id)
+        if released.billed_output is None and released.output_bytes is None:
+            with contextlib.suppress(RedisUnavailable):  # the janitor asks again
+                self.store.stop_responses([(record.id, call.response_id, record.spec.provider)])
+        spent_base, text_base = call.response_bases or (
+            record.response_spent_base or 0,
+            record.response_text_base or 0,
+        )
+        carried = let_go(
+            already=record.spent_output_tokens + ckpt.flushed_tokens + call.carried - spent_base,
+            billed=released.billed_output,
+            output_bytes=released.output_bytes,
+            stored_bytes=len(call.prefix.encode("utf-8")) + ckpt.flushed_bytes - text_base,
+            bytes_per_token=call.profile.bytes_per_token,
+        )
+        if carried:
+            log.info("job %s: its cancelled response made %d tokens past the cursor", record.id,
+                     carried)  # fmt: skip
+        call.unread += carried
+        call.response_id = None
 
     def _cancel_response(self, call: _Call, why: str) -> None:
         """Stop the attempt's background response, which nobody will read (best effort: a
@@ -626,6 +721,10 @@ class AttemptRunner:
         handoff = self.ctx.handoff
         polls = 0
         queued_since = time.monotonic()
+        if call.skip is not None:
+            result.cut = call.skip
+            result.tally.opened = False
+            return None
         while not handoff.is_set() and not lost.is_set():
             try:
                 stream = call.client.open(call.plan)
@@ -806,6 +905,7 @@ class AttemptRunner:
             output_tokens=count.tokens if count and count.exact else None,
             output_tokens_persisted=(ckpt.flushed_tokens if ckpt else 0) + carried,
             carried_output_tokens=carried,
+            unread_output_tokens=call.unread if call is not None else 0,
             reasoning_tokens=count.reasoning_tokens if count else None,
             chars_persisted=ckpt.flushed_chars if ckpt else 0,
             bytes_persisted=ckpt.flushed_bytes if ckpt else 0,

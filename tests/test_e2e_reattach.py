@@ -14,6 +14,7 @@ import pytest
 from e2e_support import World, background_exchanges, make_world
 
 from resumeq.fake import FakeProvider
+from resumeq.ledger import AttemptRecord
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import wait_for
@@ -73,6 +74,33 @@ def test_sigkill_mid_stream_reads_the_rest_of_the_same_response(world: World) ->
     # counted (no guess on top), and the reattach took the rest from the provider's usage.
     assert record.spent_output_tokens == 250
     assert sum(a["output_tokens"] or a["output_tokens_persisted"] for a in ledger) == 250
+
+
+def test_a_dead_attempts_response_is_counted_when_the_janitor_spills_its_job(
+    world: World,
+) -> None:
+    """The worker dies; its job's exit is a spill, so nobody will read the background
+    response on: the janitor cancels it, counts what it made (it went on generating after
+    the kill) into the cursor and the totals, and the cursor is what the provider billed."""
+    world.fake.completion_tokens = 250
+    world.fake.token_delay_ms = 10
+    a = world.cluster.worker()
+    job_id = world.enqueue(
+        PROMPT, provider="fake-responses", model="m", budget_tokens=4000,
+        exit={"on_cut": "spill"},
+    )  # fmt: skip
+    world.wait_spent(job_id, 80)
+    a.kill()
+    world.cluster.janitor()
+    record = world.wait_state(job_id, {"done", "failed", "spilled", "abandoned"})
+    assert record.state.value == "spilled", record
+    seen = journal_of(world)
+    billed = seen["created"][0]["output_tokens_billed"]
+    assert billed > 80  # it went on after the kill, until the janitor cancelled it
+    ledger = world.store.ledger(job_id)
+    assert ledger[0]["cut"] == "worker_died" and ledger[0]["carried_output_tokens"] > 0
+    assert record.spent_output_tokens == billed
+    assert world.store.totals("fake-responses")["output_tokens_persisted"] == billed
 
 
 def test_past_the_window_the_job_continues_and_ends_canonical(world: World) -> None:
@@ -164,7 +192,14 @@ def test_a_worker_that_sees_its_job_cancelled_stops_the_provider(world: World) -
         timeout_s=10,
         what="the response to stop",
     )
-    assert journal_of(world)["created"][0]["output_tokens_billed"] < 1_000
+    billed = journal_of(world)["created"][0]["output_tokens_billed"]
+    assert billed < 1_000
+    # What the response made until it stopped is in the ledger and the totals, though the
+    # cancelled job's cursor takes no more writes.
+    ledger = wait_for(lambda: world.store.ledger(job_id), timeout_s=10, what="the record")
+    assert ledger[0]["outcome"] == "cancelled"
+    assert AttemptRecord.model_validate(ledger[0]).billed_output >= billed
+    assert world.store.totals("fake-responses")["output_tokens_billed"] >= billed
 
 
 def test_a_handoff_on_shutdown_is_read_on_by_the_next_worker(world: World) -> None:

@@ -178,7 +178,8 @@ def test_a_job_moved_to_another_provider_never_reads_the_first_ones_response(
     fake: FakeProvider, redis_server: RedisServer, real_store: Store
 ) -> None:
     """Spilled after its cut, then requeued by an operator to another profile: the response
-    was made for the first, so it is forgotten and the job continues from its prefix."""
+    was made for the first, so it is not read on; it is cancelled, what it made (it went on
+    generating after the cut) is counted first, and the job continues from its prefix."""
     fake.add_faults([{"kind": "disconnect", "after_tokens": 80, "match": PROMPT}])
     both = {**providers(fake), "r2": providers(fake)["r"]}
     with attempt_runner(redis_server.url, both) as runner:
@@ -189,9 +190,15 @@ def test_a_job_moved_to_another_provider_never_reads_the_first_ones_response(
         real_store.requeue(job_id, provider="r2")
         record = run_to_rest(runner, job_id)
     assert record.state.value == "done" and real_store.text(job_id) == canonical(fake)
-    assert [a["kind"] for a in real_store.ledger(job_id)] == ["fresh", "resume"]
+    ledger = real_store.ledger(job_id)
+    assert [a["kind"] for a in ledger] == ["fresh", "resume"]
     seen = exchanges(fake)
-    assert not seen["streamed"] and not seen["status"]  # never read on
+    assert not seen["streamed"]  # never read on: asked only what it made, once cancelled
+    # Cancelled at the spill (nobody would read it), and again (a no-op) when let go.
+    assert len(seen["status"]) == 1 and len(seen["cancelled"]) == 2
+    billed = sum(e["output_tokens_billed"] for e in seen["created"])
+    assert ledger[1]["carried_output_tokens"] > 0
+    assert record.spent_output_tokens == billed  # every token the provider billed, counted
     assert record.response_for == "r2 m"  # the continuation's own response
 
 

@@ -247,14 +247,17 @@ end
 -- last event whose output is in the stored text ('' : none is, the text matches no event
 -- of it). A new id also records the attempt that made it, the cursor then, and the
 -- stored text's length (bytes) before any of its output: ``text_base``.
-local function note_response(job, id, seq, made_for, text_base)
+local function note_response(job, id, seq, made_for, text_base, spent_base)
   if id == '' then
     return
   end
   if redis.call('HGET', job, 'response_id') ~= id then
+    -- What the response made is what the cursor gains from here: its bases are the text
+    -- and the cursor as they stand before any of its output (after what this attempt
+    -- already counted: another response's output carried before this one was made).
     redis.call('HSET', job, 'response_id', id, 'response_for', made_for,
       'response_attempt', redis.call('HGET', job, 'attempt') or '0',
-      'response_spent_base', redis.call('HGET', job, 'attempt_spent_base') or '0',
+      'response_spent_base', spent_base,
       'response_text_base', text_base)
   end
   if seq == '' then

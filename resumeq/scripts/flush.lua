@@ -56,7 +56,8 @@ if (ARGV[9] or '') == '' then
     redis.call('HDEL', job, 'response_seq')
   end
 else
-  note_response(job, ARGV[9], ARGV[10] or '', ARGV[11] or '', fmt(size - string.len(delta)))
+  note_response(job, ARGV[9], ARGV[10] or '', ARGV[11] or '', fmt(size - string.len(delta)),
+    fmt(spent - tokens))
 end
 stamp(job, ARGV[7])
 local rev = bump(job, now)

@@ -23,5 +23,6 @@ end
 if ARGV[2] ~= 'note' or ARGV[3] == '' then
   return { 'bad_argument', 'response: note needs an id, or forget' }
 end
-note_response(job, ARGV[3], ARGV[4], ARGV[5], fmt(redis.call('STRLEN', text)))
+note_response(job, ARGV[3], ARGV[4], ARGV[5], fmt(redis.call('STRLEN', text)),
+  redis.call('HGET', job, 'spent_output_tokens') or '0')
 return { 'ok' }

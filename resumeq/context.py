@@ -20,6 +20,7 @@ import httpx
 import redis
 
 from resumeq import keys
+from resumeq.calibrations import Calibrations
 from resumeq.checkpoint import IdleFlusher
 from resumeq.connection import connect
 from resumeq.heartbeat import LeaseKeeper
@@ -138,6 +139,8 @@ class WorkerContext:
     #: This process's presence beat (one thread, started by the worker's loop and before
     #: any lease is taken; a janitor's is never started).
     presence: Presence
+    #: The exact counts each profile and model was seen to give (calibrated estimates).
+    calibrations: Calibrations
     #: Whether its connections carry its name (False where Redis refuses CLIENT SETNAME).
     named: bool = True
     handoff: Handoff = field(default_factory=Handoff)
@@ -234,6 +237,7 @@ def build_context(settings: Settings, *, concurrency: int = 1, named: bool = Tru
         pid=os.getpid(),
         leases=LeaseKeeper(renewing),
         presence=Presence(beat, name),
+        calibrations=Calibrations(client),
         named=named,
     )
 

@@ -10,9 +10,10 @@ When the attempt ends, :func:`settle` finds its total, first of:
 1. the running count, where every chunk was counted exactly;
 2. the total a finished stream reported;
 3. the counting endpoint's count of what arrived (``tokenizer`` and ``usage+tokenizer``);
-4. an estimate that errs high: at least one token per chunk and one per
-   ``bytes_per_token`` UTF-8 bytes of output, so that ``budget - spent`` does not buy past
-   the budget. It stays labelled an estimate.
+4. an estimate that errs high, so that ``budget - spent`` does not buy past the budget: of
+   the text, by what the model was seen to do in exact counts where enough were seen
+   (:mod:`resumeq.calibration`), else one token per ``bytes_per_token`` UTF-8 bytes; and at
+   least one token per chunk. It stays labelled an estimate.
 
 A count is believed only if it can be right. :func:`refusal` says why one cannot: a
 negative count, zero tokens for output that is not empty, more tokens than bytes (a token
@@ -30,6 +31,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from resumeq.calibration import Calibration
+
 #: ``chunks``: counted as the stream came, a lower bound left as it is because the
 #: provider's total comes later (a background response read on after its cut).
 CountSource = Literal["usage", "tokenizer", "estimate", "chunks"]
@@ -46,6 +49,9 @@ class Tally:
 
     text_chunks: int = 0
     text_bytes: int = 0
+    #: The text's pre-tokenization pieces (:func:`resumeq.calibration.pieces`), for a
+    #: calibrated estimate.
+    text_pieces: int = 0
     reasoning_chunks: int = 0
     reasoning_bytes: int = 0
     other_chunks: int = 0
@@ -147,6 +153,7 @@ def settle(
     tokenizer_text: int | None = None,
     tokenizer_reasoning: int | None = None,
     bytes_per_token: float,
+    calibration: Calibration | None = None,
 ) -> Count:
     """The attempt's total output tokens (see the module docstring).
 
@@ -204,10 +211,28 @@ def settle(
         # A tokenizer counting more tokens than the text it was given has bytes answered
         # garbage; only a provider's bill can be higher than what was seen of it.
         refused.append(f"the counting endpoint: {why.reason}")
-    guess = estimate(
-        tally.chunks, tally.output_bytes, counted=tally.tokens, bytes_per_token=bytes_per_token
-    )
+    guess = _estimate(tally, bytes_per_token, calibration)
     return Count(max(guess, at_least), False, "estimate", reasoning_guess, tuple(refused))
+
+
+def _estimate(tally: Tally, bytes_per_token: float, calibration: Calibration | None) -> int:
+    """The estimate that errs high: of the text by what the model was seen to do where a
+    calibration says (:mod:`resumeq.calibration`), of the rest (reasoning, tool calls) at
+    ``bytes_per_token``; never below the chunks or what was counted."""
+    if calibration is None:
+        return estimate(
+            tally.chunks, tally.output_bytes, counted=tally.tokens, bytes_per_token=bytes_per_token
+        )
+    text = calibration.estimate(
+        text_bytes=tally.text_bytes, chunks=tally.text_chunks, pieces=tally.text_pieces
+    )
+    rest = estimate(
+        tally.reasoning_chunks + tally.other_chunks,
+        tally.reasoning_bytes + tally.other_bytes,
+        counted=0,
+        bytes_per_token=bytes_per_token,
+    )
+    return max(tally.tokens, tally.chunks, text + rest)
 
 
 def _reasoning_estimate(tally: Tally, bytes_per_token: float) -> int | None:

@@ -40,6 +40,7 @@ import redis
 from rq.registry import clean_registries
 
 from resumeq import due, failpoints, ops, outbox
+from resumeq.calibration import pieces
 from resumeq.capabilities import Refusal, is_refusal, refusal, refused, warning
 from resumeq.context import WorkerContext
 from resumeq.counting import estimate, let_go
@@ -70,6 +71,7 @@ from resumeq.queueing import (
     rq_queue,
     settle_dead_attempts,
 )
+from resumeq.settings import ProviderProfile
 from resumeq.store import SPILL_QUEUE, Store, redis_errors
 
 log = logging.getLogger(__name__)
@@ -360,7 +362,7 @@ class Janitor:
         for d, (size, tail) in zip(dead, texts, strict=True):
             d.text_bytes, d.tail = size, tail
         for d in dead:
-            d.counted, d.tokens = self._dead_attempt_tokens(d.record, d.text_bytes)
+            d.counted, d.tokens = self._dead_attempt_tokens(d.record, d.text_bytes, d.tail)
         dead = [d for d in dead if self._judge(report, d)]
         for d in dead:
             self._safe(report, self._count_released, d)
@@ -498,7 +500,9 @@ class Janitor:
                 )
         return [d for d in dead if d.job_id not in lost]
 
-    def _dead_attempt_tokens(self, record: JobRecord, text_bytes: int) -> tuple[int, int]:
+    def _dead_attempt_tokens(
+        self, record: JobRecord, text_bytes: int, tail: str = ""
+    ) -> tuple[int, int]:
         """The dead attempt's output tokens as counted, and as they stand: counted exactly,
         the same; counted chunk by chunk (a lower bound), an estimate that errs high from
         the text it stored and the reasoning it saw, so the continuation cannot buy past
@@ -512,9 +516,25 @@ class Janitor:
             # errs high now would be charged on top of that total).
             return counted, counted
         try:
-            ratio = self.ctx.settings.profile(record.spec.provider).bytes_per_token
+            profile: ProviderProfile | None = self.ctx.settings.profile(record.spec.provider)
         except ConfigError:
-            ratio = MIN_BYTES_PER_TOKEN
+            profile = None
+        ratio = profile.bytes_per_token if profile else MIN_BYTES_PER_TOKEN
+        calibration = (
+            self.ctx.calibrations.calibration(
+                record.spec.provider, record.spec.model, margin=profile.estimate_margin
+            )
+            if profile is not None and tail
+            else None
+        )
+        if calibration is not None:
+            # Its text by what the model was seen to do (counted chunk by chunk: as many
+            # chunks as it counted); its reasoning at the profile's ratio.
+            text = calibration.estimate(
+                text_bytes=len(tail.encode("utf-8")), chunks=counted, pieces=pieces(tail)
+            )
+            hidden = estimate(0, record.attempt_hidden_bytes, counted=0, bytes_per_token=ratio)
+            return counted, max(counted, text + hidden)
         output = text_bytes - record.attempt_text_base + record.attempt_hidden_bytes
         return counted, estimate(0, output, counted=counted, bytes_per_token=ratio)
 

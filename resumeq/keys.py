@@ -8,6 +8,7 @@ nothing else in the package spells a key.
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 PREFIX = "resumeq"
@@ -134,6 +135,19 @@ def idempotency(key: str) -> str:
 def totals_day(day: str) -> str:
     """The totals of the ledger records written on ``day`` (``YYYY-MM-DD``, UTC)."""
     return f"{TOTALS}:day:{day}"
+
+
+#: Calibration samples' key → when it was last written: the pairs of provider profile and
+#: model whose exact counts are kept (:mod:`resumeq.calibrations`; the least recent go).
+CALIBRATIONS = f"{PREFIX}:calibration"
+
+
+def calibration(provider: str, model: str) -> str:
+    """The exact-count samples of one provider profile and model (a list)."""
+    if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", provider):
+        raise ValueError(f"malformed provider profile name {provider!r}")
+    digest = hashlib.sha256(model.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{CALIBRATIONS}:{provider}:{digest}"
 
 
 #: Provider profile → when its totals were first written: the profiles whose series the

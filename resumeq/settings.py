@@ -69,6 +69,9 @@ class ProviderProfile(BaseModel):
     #: byte). By default 2 for Anthropic, whose deltas carry several tokens, and 4 for the
     #: OpenAI wire, which streams one token per chunk.
     estimate_bytes_per_token: float | None = Field(default=None, gt=0)
+    #: Once exact counts of this profile and model were seen, an estimate errs high by at
+    #: most this factor over what they showed (:mod:`resumeq.calibration`).
+    estimate_margin: float = Field(default=1.25, ge=1.0, le=4.0)
     resume_context: str = "full"
     stall_timeout_s: float = Field(default=30.0, gt=0)
     connect_timeout_s: float = Field(default=10.0, gt=0)

@@ -24,6 +24,7 @@ import redis
 from rq import get_current_job
 
 from resumeq import metrics, ops
+from resumeq.calibration import Calibration, Sample, pieces
 from resumeq.checkpoint import Checkpointer
 from resumeq.context import Handoff, WorkerContext, context
 from resumeq.continuation import AttemptKind, RequestPlan, plan_reattach, plan_request
@@ -798,18 +799,21 @@ class AttemptRunner:
         tally = result.tally
         tally.text_chunks = result.received.count - seam.echo_pieces
         tally.text_bytes = len(generated.encode("utf-8"))
+        tally.text_pieces = pieces(generated)
         tally.tokens = ckpt.flushed_tokens + ckpt.pending_tokens
         usage = result.usage
+        asked: list[int | None] = [None, None]  # the counting endpoint's, once asked
 
-        def counted(by_text: int | None = None, by_reasoning: int | None = None) -> Count:
+        def counted(calibration: Calibration | None = None) -> Count:
             return settle(
                 tally,
                 finished=result.cut.kind == "finished",
                 reported=usage.output_tokens,
                 reported_reasoning=usage.reasoning_tokens,
-                tokenizer_text=by_text,
-                tokenizer_reasoning=by_reasoning,
+                tokenizer_text=asked[0],
+                tokenizer_reasoning=asked[1],
                 bytes_per_token=profile.bytes_per_token,
+                calibration=calibration,
             )
 
         if _reads_on(call, result):
@@ -834,7 +838,16 @@ class AttemptRunner:
                 log.warning("job %s: counting endpoint failed: %s", record.id, exc)
                 count = replace(count, refused=(*count.refused, f"the counting endpoint: {exc}"))
             else:
-                count = counted(by_text, by_reasoning)
+                asked[:] = [by_text, by_reasoning]
+                count = counted()
+        if count.source == "estimate":
+            calibration = self.ctx.calibrations.calibration(
+                record.spec.provider, record.spec.model, margin=profile.estimate_margin
+            )
+            if calibration is not None:
+                count = replace(counted(calibration), refused=count.refused)
+        elif count.exact and call.plan.kind != "reattach":
+            self._calibrate(call, tally, count)
         for why in count.refused:
             log.warning(
                 "job %s attempt %d: not believed, %s; the count stays an estimate",
@@ -843,6 +856,16 @@ class AttemptRunner:
                 why,
             )
         return count
+
+    def _calibrate(self, call: _Call, tally: Tally, count: Count) -> None:
+        """An exact count of this attempt's text is a calibration sample (text only: an
+        attempt with tool calls, or reasoning whose tokens are not known apart, is none)."""
+        if tally.other_chunks or (tally.reasoning_chunks and count.reasoning_tokens is None):
+            return
+        tokens = count.tokens - (count.reasoning_tokens or 0)
+        sample = Sample(tally.text_bytes, tally.text_chunks, tally.text_pieces, tokens)
+        spec = call.record.spec
+        self.ctx.calibrations.record(spec.provider, spec.model, sample)
 
     def _count_timeout(self, ckpt: Checkpointer, profile: ProviderProfile) -> float:
         """A counting request may take no longer than the lease has left (less a margin for

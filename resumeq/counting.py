@@ -95,6 +95,11 @@ def estimate(chunks: int, output_bytes: int, *, counted: int, bytes_per_token: f
     return max(counted, chunks, math.ceil(output_bytes / bytes_per_token))
 
 
+#: Bytes per token of an estimate with no chunk to count (a response let go, never read):
+#: at most this many, whatever the profile's default — the lowest of the kinds' defaults.
+UNREAD_BYTES_PER_TOKEN = 2.0
+
+
 def let_go(
     *,
     already: int,
@@ -102,17 +107,25 @@ def let_go(
     output_bytes: int | None,
     stored_bytes: int,
     bytes_per_token: float,
+    calibration: Calibration | None = None,
+    output_pieces: int = 0,
 ) -> int:
     """What a background response being let go made that the cursor has not counted
     (SPEC §22): the provider's figure for it where it said one (``billed``, after it was
     cancelled: it bills what it made until it stops), else an estimate that errs high from
-    the larger of what it reports having written (``output_bytes``) and what of it was
-    stored; less what was ``already`` counted of it. Never negative."""
+    the larger of what it reports having written (``output_bytes``, ``output_pieces``) and
+    what of it was stored — by the calibration where one is known, else at no more than
+    :data:`UNREAD_BYTES_PER_TOKEN` bytes a token (no chunks were read to count) — less what
+    was ``already`` counted of it. Never negative."""
     if billed is not None and billed >= 0:
         made = billed
     else:
         seen = max(output_bytes or 0, stored_bytes, 0)
-        made = estimate(0, seen, counted=already, bytes_per_token=bytes_per_token)
+        ratio = min(bytes_per_token, UNREAD_BYTES_PER_TOKEN)
+        made = estimate(0, seen, counted=already, bytes_per_token=ratio)
+        if calibration is not None and seen:
+            by_model = calibration.estimate(text_bytes=seen, chunks=0, pieces=output_pieces)
+            made = max(already, by_model)
     return max(0, made - already)
 
 

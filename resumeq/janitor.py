@@ -40,7 +40,7 @@ import redis
 from rq.registry import clean_registries
 
 from resumeq import due, failpoints, ops, outbox
-from resumeq.calibration import pieces
+from resumeq.calibration import Calibration, pieces
 from resumeq.capabilities import Refusal, is_refusal, refusal, refused, warning
 from resumeq.context import WorkerContext
 from resumeq.counting import estimate, let_go
@@ -72,7 +72,7 @@ from resumeq.queueing import (
     settle_dead_attempts,
 )
 from resumeq.settings import ProviderProfile
-from resumeq.store import SPILL_QUEUE, Store, redis_errors
+from resumeq.store import SPILL_QUEUE, ResponseToStop, Store, redis_errors
 
 log = logging.getLogger(__name__)
 
@@ -403,7 +403,7 @@ class Janitor:
             if time.monotonic() - started > STOP_BUDGET_S:
                 break
             try:
-                if ops.stop_background_response(
+                if not self._count_stopped(entry) and ops.stop_background_response(
                     self.ctx.settings, entry.provider, entry.response_id
                 ):
                     log.info("job %s: cancelled response %s", entry.job_id, entry.response_id)
@@ -416,6 +416,51 @@ class Janitor:
                 log.warning("job %s: response not cancelled: %s", entry.job_id, exc)
             done.append(entry.member)
         self.store.responses_stopped(done)
+
+    def _calibration(self, provider: str, model: str) -> Calibration | None:
+        try:
+            margin = self.ctx.settings.profile(provider).estimate_margin
+        except ConfigError:
+            return None
+        return self.ctx.calibrations.calibration(provider, model, margin=margin)
+
+    def _count_stopped(self, entry: ResponseToStop) -> bool:
+        """A cancelled job's background response: cancelled at the provider, then what it
+        made past the cursor counted into the record of the attempt that made it (SPEC
+        §22; once, whoever counts it first — the worker that saw the cancel counts it
+        itself). Answers whether it was cancelled here (else it is only to be stopped)."""
+        try:
+            record = self.store.get(entry.job_id)
+        except JobNotFound:
+            return False
+        if record.state is not JobState.CANCELLED or record.response_id != entry.response_id:
+            return False  # let go by an attempt that counted it, or a janitor's exit that did
+        released = ops.release_background_response(
+            self.ctx.settings, entry.provider, entry.response_id
+        )
+        try:
+            ratio = self.ctx.settings.profile(entry.provider).bytes_per_token
+        except ConfigError:
+            ratio = MIN_BYTES_PER_TOKEN
+        stored = self.store.attempt_texts([(record.id, record.response_text_base or 0)])[0][0]
+        tokens = let_go(
+            already=record.spent_output_tokens - (record.response_spent_base or 0),
+            billed=released.billed_output,
+            output_bytes=released.output_bytes,
+            stored_bytes=stored - (record.response_text_base or 0),
+            bytes_per_token=ratio,
+            calibration=self._calibration(entry.provider, record.spec.model),
+        )
+        if self.store.amend_ledger(
+            record.id, response_id=entry.response_id, provider=record.spec.provider, tokens=tokens
+        ):
+            log.info(
+                "job %s: cancelled response %s; it made %d tokens past the cursor",
+                record.id,
+                entry.response_id,
+                tokens,
+            )
+        return True
 
     def _reap(
         self, report: SweepReport, job_ids: list[str], dead_tokens: dict[str, str] | None = None
@@ -468,6 +513,7 @@ class Janitor:
             output_bytes=released.output_bytes,
             stored_bytes=d.text_bytes - (record.response_text_base or 0),
             bytes_per_token=profile.bytes_per_token if profile else MIN_BYTES_PER_TOKEN,
+            calibration=self._calibration(provider, record.spec.model),
         )
         if d.carried:
             d.ledger["carried_output_tokens"] = d.carried

@@ -595,12 +595,26 @@ class Store:
                                tries=WRITE_TRIES)  # fmt: skip
         return bool(status == "ok")
 
-    def append_ledger(self, job_id: str, *, attempt: int, entry: Mapping[str, Any]) -> bool:
+    def append_ledger(
+        self,
+        job_id: str,
+        *,
+        attempt: int,
+        entry: Mapping[str, Any],
+        counts_response: str | None = None,
+    ) -> bool:
         """Record an attempt that ended without an exit of its own (stopped by a cancel,
-        fenced out): at most one record per attempt. Answers whether it was written."""
+        fenced out): at most one record per attempt. ``counts_response``: the background
+        response whose output past the cursor the record counts (nobody counts it again:
+        :meth:`amend_ledger`). Answers whether it was written."""
         self._note_provider(entry)
         job_keys = [keys.job(job_id), keys.ledger(job_id), *_totals_keys(entry)]
-        args: list[str | int] = [attempt, _ledger_json(entry), _totals_json(entry)]
+        args: list[str | int] = [
+            attempt,
+            _ledger_json(entry),
+            _totals_json(entry),
+            counts_response or "",
+        ]
         status, *rest = self._run("ledger_append", job_keys, args, job_id, tries=WRITE_TRIES)
         if status == "not_found":
             return False
@@ -662,6 +676,22 @@ class Store:
         if status in ("not_found", "not_ended", "already_trimmed"):
             return 0
         self._refused(status, rest, job_id, "trim_events")
+
+    def amend_ledger(self, job_id: str, *, response_id: str, provider: str, tokens: int) -> bool:
+        """Count what a cancelled job's background response made past the cursor, once it
+        was stopped: into the record of the attempt that made it, and the totals (at most
+        once per response). Answers whether it was counted now."""
+        entry = {"provider": provider}
+        self._note_provider(entry)
+        deltas = {"output_tokens_billed": tokens, "naive_output_tokens_billed": tokens}
+        job_keys = [keys.job(job_id), keys.ledger(job_id), *_totals_keys(entry)]
+        args: list[str | int] = [response_id, tokens, json.dumps(deltas) if tokens else ""]
+        status, *rest = self._run("ledger_amend", job_keys, args, job_id, tries=WRITE_TRIES)
+        if status in ("not_found", "counted", "no_record"):
+            return False
+        if status != "ok":
+            self._refused(status, rest, job_id, "ledger_amend")
+        return True
 
     def _note_provider(self, entry: Mapping[str, Any] | None) -> None:
         """Register the provider a ledger record is about to count for, once per process,

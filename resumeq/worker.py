@@ -145,6 +145,7 @@ class _Call:
     #: Output a cancelled job's background response made past the cursor: billed, never
     #: read, and never in the cursor (a cancelled job takes no more writes).
     unread: int = 0
+    unread_response: str | None = None
     #: The cursor and the stored text's bytes where the response this attempt made began
     #: (None: it made none; a reattached one's are the record's).
     response_bases: tuple[int, int] | None = None
@@ -278,6 +279,10 @@ class AttemptRunner:
             reads_on=_reads_on(call, result),
         )
         decision = decide(view, result.cut, jitter=random.random())
+        if decision.action not in ("retry", "resume") and result.cut.kind != "finished":
+            # An exit: nobody reads this attempt's background response on; what it made is
+            # counted before the exit is written.
+            self._let_response_go(call)
         handed_on = handoff and decision.action in ("retry", "resume")
         entry = self._ledger(
             record,
@@ -373,18 +378,15 @@ class AttemptRunner:
             log.info("job %s: not reading on response %s: %s", record.id, record.response_id, why)
         return plan_request(spec, profile, prefix=prefix, remaining_tokens=record.remaining_tokens)
 
-    def _let_go(self, lease: Lease, record: JobRecord) -> None:
-        """Forget the job's background response, and have the janitor stop it at the
-        provider (it may still be generating; a job that ended or is gone is left). Best
-        effort while Redis is unreachable: the next response this attempt makes replaces
-        it."""
-        found = ops.response_of(record)
+    def _let_go(self, lease: Lease, job_id: str, response_id: str, provider: str) -> None:
+        """Forget the job's background response (the next attempts do not read it), and
+        have the janitor make sure it is stopped at the provider. Best effort while Redis
+        is unreachable: the next response this attempt makes replaces it."""
         try:
-            if found is not None:
-                self.store.stop_responses([found])
+            self.store.stop_responses([(job_id, response_id, provider)])
             self.store.forget_response(lease)
         except RedisUnavailable as exc:
-            log.warning("job %s: the response was not let go: %s", record.id, exc)
+            log.warning("job %s: the response was not let go: %s", job_id, exc)
 
     def _refused_reattach(self, call: _Call, exc: ReattachRefused) -> bool:
         """The provider cannot give the rest of the response: go on from the stored prefix
@@ -426,35 +428,69 @@ class AttemptRunner:
     def _let_response_go(self, call: _Call, *, hint: int | None = None) -> bool:
         """One rule for a background response nobody will read on (SPEC §22): cancelled at
         its provider first (it bills what it made until it stops), then what it made and
-        the cursor had not counted is counted — the provider's figure, else ``hint``, else
-        an estimate that errs high (:func:`resumeq.counting.let_go`) — before anything
-        else is bought; then it is forgotten. Answers False when Redis could not take the
-        count (nothing more is bought then)."""
-        record = call.record
-        provider = (record.response_for or "").partition(" ")[0]
-        released = self._release(provider, record.response_id) if record.response_id else None
-        try:
-            ratio = self.ctx.settings.profile(provider).bytes_per_token
-        except ConfigError:
-            ratio = call.profile.bytes_per_token
-        billed = released.billed_output if released else None
-        carried = let_go(
-            already=record.spent_output_tokens - (record.response_spent_base or 0),
-            billed=billed if billed is not None else hint,
-            output_bytes=released.output_bytes if released else None,
-            stored_bytes=len(call.prefix.encode("utf-8")) - (record.response_text_base or 0),
-            bytes_per_token=ratio,
-        )
-        self._let_go(call.ckpt.lease, record)
-        call.response_id = None
+        the cursor had not counted is counted (:meth:`_uncounted`) before anything else is
+        bought or the job's exit is written; then it is forgotten. Answers False when Redis
+        could not take the count (nothing more is bought then)."""
+        found = self._uncounted(call, hint=hint)
+        if found is None:
+            return True
+        response_id, provider, carried = found
+        self._let_go(call.ckpt.lease, call.record.id, response_id, provider)
         if carried:
             try:
                 call.ckpt.carry(carried)
             except RedisUnavailable as unreachable:
-                log.warning("job %s: the response let go not counted: %s", record.id, unreachable)
+                log.warning("job %s: the response let go not counted: %s", call.record.id,
+                            unreachable)  # fmt: skip
                 return False
             call.carried += carried
         return True
+
+    def _uncounted(self, call: _Call, *, hint: int | None = None) -> tuple[str, str, int] | None:
+        """Cancel the response the attempt reads (or the job had) and answer it with its
+        profile and the output it made past the cursor: the provider's figure, else
+        ``hint``, else an estimate that errs high (:func:`resumeq.counting.let_go`). None:
+        there is none."""
+        record, ckpt = call.record, call.ckpt
+        made_here = call.response_id is not None and call.response_bases is not None
+        response_id = call.response_id or record.response_id
+        if response_id is None:
+            return None
+        if made_here:
+            provider = record.spec.provider
+            spent_base, text_base = call.response_bases or (0, 0)
+        else:
+            provider = (record.response_for or "").partition(" ")[0]
+            spent_base = record.response_spent_base or 0
+            text_base = record.response_text_base or 0
+        released = self._release(provider, response_id)
+        try:
+            ratio = self.ctx.settings.profile(provider).bytes_per_token
+        except ConfigError:
+            ratio = call.profile.bytes_per_token
+        billed = released.billed_output if released.billed_output is not None else hint
+        spent = record.spent_output_tokens + ckpt.flushed_tokens + call.carried
+        carried = let_go(
+            already=spent - spent_base,
+            billed=billed,
+            output_bytes=released.output_bytes,
+            stored_bytes=len(call.prefix.encode("utf-8")) + ckpt.flushed_bytes - text_base,
+            bytes_per_token=ratio,
+            calibration=None if billed is not None else self._calibration(provider, record),
+        )
+        call.response_id, call.response_bases = None, None
+        if released.billed_output is None and released.output_bytes is None:
+            with contextlib.suppress(RedisUnavailable):  # not stopped yet: the janitor asks
+                self.store.stop_responses([(record.id, response_id, provider)])
+        return response_id, provider, carried
+
+    def _calibration(self, provider: str, record: JobRecord) -> Calibration | None:
+        """What the exact counts of ``provider``'s answers by the job's model say."""
+        try:
+            margin = self.ctx.settings.profile(provider).estimate_margin
+        except ConfigError:
+            return None
+        return self.ctx.calibrations.calibration(provider, record.spec.model, margin=margin)
 
     def _release(self, provider: str, response_id: str) -> ops.Released:
         """Cancel the response at its provider and read what it made (best effort)."""
@@ -499,27 +535,15 @@ class AttemptRunner:
         ledger and the totals still say what was billed."""
         if call.response_id is None or not call.profile.background:
             return
-        record, ckpt = call.record, call.ckpt
-        released = self._release(record.spec.provider, call.response_id)
-        if released.billed_output is None and released.output_bytes is None:
-            with contextlib.suppress(RedisUnavailable):  # the janitor asks again
-                self.store.stop_responses([(record.id, call.response_id, record.spec.provider)])
-        spent_base, text_base = call.response_bases or (
-            record.response_spent_base or 0,
-            record.response_text_base or 0,
-        )
-        carried = let_go(
-            already=record.spent_output_tokens + ckpt.flushed_tokens + call.carried - spent_base,
-            billed=released.billed_output,
-            output_bytes=released.output_bytes,
-            stored_bytes=len(call.prefix.encode("utf-8")) + ckpt.flushed_bytes - text_base,
-            bytes_per_token=call.profile.bytes_per_token,
-        )
+        found = self._uncounted(call)
+        if found is None:
+            return
+        response_id, _, carried = found
         if carried:
-            log.info("job %s: its cancelled response made %d tokens past the cursor", record.id,
-                     carried)  # fmt: skip
+            log.info("job %s: its cancelled response made %d tokens past the cursor",
+                     call.record.id, carried)  # fmt: skip
         call.unread += carried
-        call.response_id = None
+        call.unread_response = response_id
 
     def _cancel_response(self, call: _Call, why: str) -> None:
         """Stop the attempt's background response, which nobody will read (best effort: a
@@ -595,7 +619,10 @@ class AttemptRunner:
         ).model_copy(update={"billed_lower_bound": True})
         try:
             self.store.append_ledger(
-                call.record.id, attempt=call.record.attempt, entry=entry.to_json_dict()
+                call.record.id,
+                attempt=call.record.attempt,
+                entry=entry.to_json_dict(),
+                counts_response=call.unread_response,
             )
         except ResumeqError as exc:
             log.warning("job %s: the stopped attempt was not recorded: %s", call.record.id, exc)

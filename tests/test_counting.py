@@ -4,12 +4,13 @@ that err high. Pure: no I/O."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resumeq.counting import END_ALLOWANCE, Tally, estimate, refusal, settle
+from resumeq.counting import END_ALLOWANCE, Tally, estimate, let_go, refusal, settle
 
 LOREM = "lorem ipsum dolor "  # ~5 tokens a delta, as Claude sends them
 
@@ -191,3 +192,13 @@ def test_the_total_never_goes_below_what_was_counted(  # noqa: PLR0917 - drawn b
 def test_estimate_needs_a_positive_ratio() -> None:
     with pytest.raises(ValueError, match="bytes_per_token"):
         estimate(1, 1, counted=0, bytes_per_token=0)
+
+
+def test_what_a_response_let_go_made_is_its_bill_else_an_estimate_that_errs_high() -> None:
+    kw: dict[str, Any] = {"stored_bytes": 400, "bytes_per_token": 4.0}
+    assert let_go(already=100, billed=260, output_bytes=None, **kw) == 160
+    assert let_go(already=300, billed=260, output_bytes=None, **kw) == 0  # never negative
+    # No bill: from the larger of its output and what was stored, at no more than 2 bytes
+    # a token (no chunk was read to count), whatever the profile's default.
+    assert let_go(already=100, billed=None, output_bytes=1000, **kw) == 400
+    assert let_go(already=100, billed=None, output_bytes=None, **kw) == 100

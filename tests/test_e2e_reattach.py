@@ -99,8 +99,11 @@ def test_a_dead_attempts_response_is_counted_when_the_janitor_spills_its_job(
     assert billed > 80  # it went on after the kill, until the janitor cancelled it
     ledger = world.store.ledger(job_id)
     assert ledger[0]["cut"] == "worker_died" and ledger[0]["carried_output_tokens"] > 0
-    assert record.spent_output_tokens == billed
-    assert world.store.totals("fake-responses")["output_tokens_persisted"] == billed
+    # The provider's figure where its cancelled response gives one, else an estimate from
+    # its output that errs high.
+    assert billed <= record.spent_output_tokens <= 2 * billed
+    persisted = world.store.totals("fake-responses")["output_tokens_persisted"]
+    assert persisted == record.spent_output_tokens
 
 
 def test_past_the_window_the_job_continues_and_ends_canonical(world: World) -> None:

@@ -36,6 +36,7 @@ NAMES = (
     "hook_renew",
     "hook_done",
     "ledger_append",
+    "ledger_amend",
     "trim_events",
     "durable",
 )

@@ -131,6 +131,15 @@ end
 
 -- One ledger record per attempt (whoever writes it: the worker at its exit, a janitor for a
 -- dead attempt, a worker stopped by a cancel), and the running totals it adds to.
+-- A background response's output counted into the ledger: at most once, whoever counts it
+-- (the worker that saw its job cancelled, or a janitor that stopped it).
+local function count_response_once(job, response)
+  if not response or response == '' then
+    return true
+  end
+  return redis.call('HSETNX', job, 'counted:' .. response, '1') == 1
+end
+
 local function record_attempt(job, ledger, attempt, entry)
   if entry == '' or redis.call('HSETNX', job, 'ledger:' .. attempt, '1') == 0 then
     return false

@@ -82,6 +82,7 @@ bench: $(STAMP) redis-server
 	$(BIN)/python benchmarks/memory.py --quick
 	$(BIN)/python benchmarks/concurrency.py --quick
 	$(BIN)/python benchmarks/splice_corpus.py --seeds 1 --cuts 100
+	$(BIN)/python benchmarks/estimates.py --cuts 2000
 	$(BIN)/python benchmarks/footprint.py --jobs 5
 	$(BIN)/python benchmarks/console.py --jobs 1000 --spilled 100 --requests 10
 

@@ -91,9 +91,9 @@ class Sample:
         return sample
 
 
-#: How far above its mean a cut text's ratio is allowed for, in standard deviations (the
+#: How far above its mean a cut text's ratio is allowed for, in standard deviations (about
 #: 99th percentile of a normal spread).
-Z_HIGH = 2.33
+Z_HIGH = 2.25
 #: A predictor whose answers' ratios spread more than this (their coefficient of
 #: variation) is not trusted: the text the model writes changes what it predicts.
 MAX_SPREAD = 0.15

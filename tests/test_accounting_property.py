@@ -103,7 +103,7 @@ def _fault(runner: AttemptRunner, fake: FakeProvider, job_id: str, prompt: str, 
     if what not in ("cancel", "handoff"):
         fake.add_faults([{"kind": "disconnect", "after_tokens": n, "match": prompt}])
         return None
-    fake.add_faults([{"kind": "pause", "after_tokens": n, "seconds": 3, "match": prompt}])
+    fake.add_faults([{"kind": "pause", "after_tokens": n, "seconds": 1, "match": prompt}])
     store = runner.store
     act = (lambda: _cancel(store, job_id)) if what == "cancel" else (lambda: _handoff(runner))
     helper = threading.Thread(target=_when_streamed, args=(store, job_id, n, act))
@@ -184,15 +184,16 @@ def test_the_ledger_the_totals_stats_and_metrics_agree_and_cover_the_bill(
         assert Janitor(runner.ctx).sweep().errors == 0
         ledger = [AttemptRecord.model_validate(a) for a in store.ledger(job_id)]
         journal = fake.journal(settle_s=3)
+        totals = store.totals()
+        stats = ops.stats(store)
+        scraped = scrape(store)
+        by_provider = sum(store.totals(p).get("output_tokens_billed", 0) for p in store.providers())
+        record = store.get(job_id)
     billed = sum(a.billed_output for a in ledger)
-    totals = store.totals()
-    stats = ops.stats(store)
-    scraped = scrape(store)
     # One account, four views of it.
     assert totals.get("output_tokens_billed", 0) == stats["output_tokens_billed"] == billed
     assert scraped.get("resumeq_tokens_billed_total:output", 0) == billed
     assert stats["attempts"] == len(ledger) == scraped.get("resumeq_attempts_total", 0)
-    by_provider = sum(store.totals(p).get("output_tokens_billed", 0) for p in store.providers())
     assert by_provider == billed
     # None below what the provider billed (a response let go counted too, a cancelled
     # one as well). A handoff closes the stream as a kill does, and a stream of a job
@@ -209,6 +210,5 @@ def test_the_ledger_the_totals_stats_and_metrics_agree_and_cover_the_bill(
     )
     assert billed >= provider_billed, (plan, [(a.kind, a.outcome, a.billed_output) for a in ledger],
                                        provider_billed)  # fmt: skip
-    record = store.get(job_id)
     if record.state.value == "done":
         assert record.spent_output_tokens >= provider_billed

@@ -241,3 +241,25 @@ def test_tail_prints_the_text_of_an_ended_job(redis_server: RedisServer, real_st
     out = run("tail", job_id, url=redis_server.url)
     assert out.returncode == 0 and out.stdout == "Hello, world.\n"
     assert "[done: stop]" in out.stderr
+
+
+def test_stats_forgets_a_provider_and_refuses_one_it_does_not_know(
+    redis_server: RedisServer, real_store: Store
+) -> None:
+    spec = {"prompt": "hi", "provider": "old-profile", "model": "m", "budget_tokens": 100}
+    job_id = real_store.create(spec).id
+    got = real_store.acquire(job_id, worker="w1", ttl_ms=5000)
+    entry = {"attempt": 1, "kind": "fresh", "worker": "w1", "outcome": "done",
+             "provider": "old-profile", "output_tokens_persisted": 3}  # fmt: skip
+    real_store.finish(got.lease, state="done", finish_reason="stop", ledger=entry)
+    listed = json.loads(run("stats", "--json", url=redis_server.url).stdout)
+    assert listed["providers"] == ["old-profile"]
+    out = run("stats", "--forget-provider", "old-profile", "--json", url=redis_server.url)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"forgotten": "old-profile"}
+    assert json.loads(run("stats", "--json", url=redis_server.url).stdout)["providers"] == []
+    assert real_store.totals()["attempts"] == 1  # all providers' totals keep what it counted
+    again = run("stats", "--forget-provider", "old-profile", url=redis_server.url)
+    assert again.returncode == 2 and "no provider 'old-profile' has totals" in again.stderr
+    bad = run("stats", "--forget-provider", "bad name", url=redis_server.url)
+    assert bad.returncode == 2 and "malformed provider profile name" in bad.stderr

@@ -140,14 +140,14 @@ def test_a_live_worker_whose_connections_are_reset_in_a_provider_pause_keeps_its
         fake.completion_tokens = 200
         fake.token_delay_ms = 10
         prompts = [f"A quiet provider, story {i}" for i in range(2)]
-        pause = {"kind": "pause", "after_tokens": 40, "seconds": 3, "keepalive_s": 0.5}
+        pause = {"kind": "pause", "after_tokens": 40, "seconds": 2.2, "keepalive_s": 0.5}
         fake.add_faults([{**pause, "match": p} for p in prompts])
         janitor = world.cluster.janitor()
         world.cluster.worker(concurrency=2)
         ids = [world.enqueue(p) for p in prompts]
         for job_id in ids:
             world.wait_spent(job_id, 40)
-        time.sleep(0.5)  # both in the provider's pause: nothing to flush, no renewal due
+        time.sleep(0.3)  # both in the provider's pause: nothing to flush, no renewal due
         name = lease_holder(world.store.get(ids[0]).lease_token)
         assert name is not None
         r = world.store.redis
@@ -155,7 +155,7 @@ def test_a_live_worker_whose_connections_are_reset_in_a_provider_pause_keeps_its
         assert mine  # its pool's, its beat's (the lease keeper's once it renewed)
         for cid in mine:
             r.client_kill_filter(_id=cid)
-        time.sleep(1.5)  # six looks of the janitor
+        time.sleep(1.25)  # five looks of the janitor, beyond the key's 0.6 s
         assert {world.store.get(j).state.value for j in ids} == {"running"}
         for job_id, prompt in zip(ids, prompts, strict=True):
             record = world.wait_state(job_id, {"done", "failed", "spilled", "abandoned"})

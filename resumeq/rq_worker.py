@@ -23,6 +23,7 @@ import redis
 from rq import Queue, Worker
 from rq.executions import Execution
 from rq.job import Job
+from rq.job_lifecycle import call_exception_handlers
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
@@ -33,7 +34,7 @@ from resumeq.concurrent import ConcurrentWorker
 from resumeq.connection import connect
 from resumeq.context import build_context, preload, redis_pool_size, set_context
 from resumeq.due import DueScheduler
-from resumeq.errors import ConfigError
+from resumeq.errors import ConfigError, JobFailed
 from resumeq.gate import BACKOFF_CAP_S
 from resumeq.hooks import import_hook_modules
 from resumeq.queueing import (
@@ -91,6 +92,17 @@ class TruthfulRegistries:
         super().handle_job_success(job, queue, started_job_registry, execution)  # type: ignore[misc]
         if is_attempt(job) and job.return_value() in SUPERSEDED_OUTCOMES:
             mark_superseded(job)
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
+        """An attempt whose job resumeq failed is an expected failure: one line with the
+        reason resumeq recorded (RQ's failed registry keeps the whole record); anything
+        else is a defect, and RQ logs its traceback."""
+        exc = exc_info[1] if len(exc_info) > 1 else None
+        if not isinstance(exc, JobFailed):
+            super().handle_exception(job, *exc_info)  # type: ignore[misc]
+            return
+        self.log.warning("Worker %s: attempt %s: %s", self.name, job.id, exc)
+        call_exception_handlers(self._exc_handlers, job, *exc_info)  # type: ignore[attr-defined]
 
     def handle_job_failure(
         self,

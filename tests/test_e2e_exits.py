@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -194,6 +195,33 @@ def test_a_400_fails_after_one_attempt(world: World) -> None:
     time.sleep(1.5)  # no retry comes later
     assert len(world.requests_for(prompt)) == 1
     assert world.store.get(job_id).attempt == 1
+
+
+@pytest.mark.parametrize("cause", ["unknown profile", "a 401"])
+def test_an_expected_failure_is_one_log_line_without_a_traceback(world: World, cause: str) -> None:
+    prompt = f"This job fails for {cause}."
+    if cause == "a 401":
+        world.fake.add_faults([{"kind": "status", "status": 401, "match": prompt}])
+        job_id = world.enqueue(prompt)
+    else:
+        job_id = world.enqueue(prompt, provider="no-such-profile")
+    record = world.wait_state(job_id, ENDED)
+    assert record.state.value == "failed"
+
+    def said() -> list[str]:
+        lines = world.cluster.logs(tail=None).splitlines()
+        return [line for line in lines if job_id in line]
+
+    told = wait_for(
+        lambda: [line for line in said() if "resumeq failed job" in line],
+        timeout_s=10,
+        what="the worker's line on the failure",
+    )
+    # One log record (a timestamp, the reason recorded), never RQ's traceback: no
+    # "exception raised" record and no exception text naming the job.
+    assert len(told) == 1 and re.match(r"\d\d:\d\d:\d\d ", told[0]), said()
+    assert (record.error or "") in told[0]
+    assert not any("exception raised" in line or "JobFailed" in line for line in said())
 
 
 def test_below_the_floor_droppable_abandons_and_others_spill(world: World) -> None:

@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -346,11 +348,34 @@ def test_cancel_and_purge(api: Api) -> None:
     wait_for(lambda: api.store.get(job["id"]).spent_output_tokens > 0, timeout_s=20)
     cancelled = api.as_("web").post(f"/v1/jobs/{job['id']}/cancel")
     assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled"
+    assert cancelled.json()["already_ended"] is False
     again = api.as_("web").post(f"/v1/jobs/{job['id']}/cancel")
-    assert again.status_code == 409 and "cancelled" in again.json()["detail"]
+    assert again.status_code == 200 and again.json()["already_ended"] is True
+    assert again.json()["revision"] == cancelled.json()["revision"]  # nothing written
     assert api.as_("web").delete(f"/v1/jobs/{job['id']}").status_code == 403
     assert api.as_("ops").delete(f"/v1/jobs/{job['id']}").status_code == 204
     assert api.as_("ops").get(f"/v1/jobs/{job['id']}").status_code == 404
+
+
+def test_cancelling_an_ended_job_answers_alike_over_http_and_in_the_cli(api: Api) -> None:
+    job = api.create("Done before anyone cancels it.", budget_tokens=40)
+    api.wait_state(job["id"], {"done"})
+    over_http = api.as_("ops").post(f"/v1/jobs/{job['id']}/cancel")
+    assert over_http.status_code == 200, over_http.text
+    cli = subprocess.run(
+        [sys.executable, "-m", "resumeq", "cancel", job["id"], "--json"],
+        env=api.cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert cli.returncode == 0, cli.stderr
+    from_cli = json.loads(cli.stdout)
+    for answer in (over_http.json(), from_cli):
+        assert answer["already_ended"] is True and answer["state"] == "done"
+    assert {k: v for k, v in over_http.json().items() if k != "links"} == from_cli  # HTTP links
+    assert api.store.get(job["id"]).state.value == "done"
 
 
 # -- who may do what -------------------------------------------------------------------------
@@ -364,7 +389,7 @@ def test_the_role_matrix(api: Api) -> None:
         # what:                            web  other  ops  dash  none  bad
         ("GET", f"/v1/jobs/{jid}"): (200, 404, 200, 200, 401, 401),
         ("GET", f"/v1/jobs/{jid}/events"): (200, 404, 200, 200, 401, 401),
-        ("POST", f"/v1/jobs/{jid}/cancel"): (409, 404, 409, 403, 401, 401),
+        ("POST", f"/v1/jobs/{jid}/cancel"): (200, 404, 200, 403, 401, 401),
         ("GET", "/v1/stats"): (403, 403, 200, 200, 401, 401),
         ("GET", "/healthz"): (403, 403, 200, 200, 401, 401),
         ("POST", "/v1/jobs"): (201, 201, 201, 403, 401, 401),

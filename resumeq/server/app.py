@@ -42,6 +42,7 @@ from resumeq.errors import (
     ResumeqError,
     WriteRefused,
 )
+from resumeq.models import JobState
 from resumeq.ops import (
     SpillFilter,
     drop_spilled,
@@ -426,11 +427,19 @@ async def cancel_job(request: Request) -> Response:
     svc = service(request)
     job_id = job_id_of(request)
     await visible_job(request, who, job_id)
-    await svc.run(
-        producer.cancel_job, svc.store, job_id, reason=f"cancelled by {who.name} over HTTP"
-    )
-    await svc.run(svc.audit, who, "cancel", job_id)
-    return JSONResponse(await visible_job(request, who, job_id))
+    try:
+        await svc.run(
+            producer.cancel_job, svc.store, job_id, reason=f"cancelled by {who.name} over HTTP"
+        )
+        already_ended = False
+    except InvalidTransition as exc:
+        if not JobState(exc.state).terminal:
+            raise
+        # As ``resumeq cancel`` answers: the job as it ended, and that nothing was done.
+        already_ended = True
+    else:
+        await svc.run(svc.audit, who, "cancel", job_id)
+    return JSONResponse({**await visible_job(request, who, job_id), "already_ended": already_ended})
 
 
 async def job_resource(request: Request) -> Response:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ from resumeq.ledger import summary
 from resumeq.models import JobRecord, JobState
 from resumeq.providers import make_client
 from resumeq.providers.openai_responses import usage_of
-from resumeq.queueing import discard_attempt
+from resumeq.queueing import discard_attempt, listening_workers
 from resumeq.settings import Settings
 from resumeq.store import Store, decode, redis_errors
 
@@ -346,6 +346,18 @@ def requeue_spilled(
     )
     outbox.complete(store, store.redis, job_id)
     return queue or record.queue
+
+
+def unserved(store: Store, queues: Iterable[str]) -> list[str]:
+    """A warning for each of ``queues`` no live worker listens on: a job requeued there
+    waits until one does (a reserved lane is a workflow, SPEC §10: warned, not refused)."""
+    with redis_errors("workers"):
+        idle = [q for q in dict.fromkeys(queues) if listening_workers(store.redis, q) == 0]
+    return [
+        f"no live worker listens on queue {q!r}: its jobs wait there until one does "
+        f"(resumeq worker --queues {q})"
+        for q in idle
+    ]
 
 
 def drop_spilled(store: Store, job_id: str, *, reason: str) -> None:

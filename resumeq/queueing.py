@@ -510,3 +510,16 @@ def _still_started(connection: redis.Redis, attempts: list[DeadAttempt]) -> list
             pipe.hget(Job.key_for(attempt_rq_id(item.job_id, item.attempt)), "status")
         statuses = pipe.execute()
     return [a for a, s in zip(attempts, statuses, strict=True) if _status(s) == JobStatus.STARTED]
+
+
+def listening_workers(connection: redis.Redis, queue: str) -> int:
+    """How many live RQ workers listen on ``queue``: registered on it, their registration
+    not expired (RQ's worker TTL) and no death recorded (a janitor records a dead one's)."""
+    members = [decode(m) for m in connection.smembers(WORKERS_BY_QUEUE_KEY % queue)]
+    if not members:
+        return 0
+    with connection.pipeline(transaction=False) as pipe:
+        for key in members:
+            pipe.hmget(key, "birth", "death")
+        replies = pipe.execute()
+    return sum(birth is not None and death is None for birth, death in replies)

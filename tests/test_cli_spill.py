@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import redis
+from rq import Worker
 from test_cli import run
 
 from resumeq import audit, keys
@@ -197,6 +198,33 @@ def test_a_requeued_job_starts_a_new_run_of_failures(
     assert run("spill", "requeue", job_id, url=redis_server.url).returncode == 0
     record = real_store.get(job_id)
     assert (record.failures, record.failing_since_ms) == (0, None)
+
+
+def test_a_requeue_warns_when_no_live_worker_listens_on_the_queue(
+    redis_server: RedisServer, real_store: Store, redis_client: redis.Redis
+) -> None:
+    url = redis_server.url
+    lonely, served, bulk = (spill_one(real_store, reason="provider answered 503") for _ in range(3))
+    # An RQ worker's own registration, as `resumeq worker --queues served` writes it.
+    listener = Worker(["served"], connection=redis_client, name="listener-1")
+    listener.register_birth()
+    try:
+        out = run("spill", "requeue", lonely, "--to", "night-shift", "--json", url=url)
+        assert out.returncode == 0, out.stderr
+        [warning] = json.loads(out.stdout)["warnings"]
+        assert "'night-shift'" in warning and "no live worker" in warning
+        assert out.stderr == f"warning: {warning}\n"
+        assert real_store.get(lonely).queue == "night-shift"  # done all the same
+        quiet = run("spill", "requeue", served, "--to", "served", "--json", url=url)
+        assert quiet.returncode == 0 and quiet.stderr == ""
+        assert json.loads(quiet.stdout)["warnings"] == []
+    finally:
+        listener.register_death()
+    # Its death recorded, the worker listens no more; a bulk requeue warns once a queue.
+    out = run("spill", "requeue", "--all", "--to", "served", "--yes", url=url)
+    assert out.returncode == 0 and out.stdout.startswith("requeued 1")
+    assert out.stderr.count("warning: ") == 1 and "'served'" in out.stderr
+    assert real_store.get(bulk).queue == "served"
 
 
 def test_jobs_by_state_from_the_indexes(redis_server: RedisServer, real_store: Store) -> None:

@@ -991,6 +991,24 @@ def test_a_redis_outage_mid_stream_ends_the_stream_and_the_reconnect_resumes(
             store.redis.close()
 
 
+def test_a_requeue_to_a_queue_no_worker_listens_on_is_done_with_a_warning(api: Api) -> None:
+    prompts = [f"Requeued where nobody listens, case {n}: the night ferry." for n in range(2)]
+    api.fake.add_faults([{"kind": "disconnect", "after_tokens": 10, "match": p} for p in prompts])
+    jobs = [api.create(p, exit={"on_cut": "spill"})["id"] for p in prompts]
+    for job_id in jobs:
+        api.wait_state(job_id, {"spilled"})
+    lonely = api.as_("ops").post(f"/v1/spill/{jobs[0]}/requeue", json={"to": "night-shift"})
+    assert lonely.status_code == 200, lonely.text
+    assert lonely.json()["queue"] == "night-shift" and lonely.json()["state"] == "queued"
+    [warning] = lonely.json()["warnings"]
+    assert "'night-shift'" in warning and "no live worker" in warning
+    served = api.as_("ops").post(f"/v1/spill/{jobs[1]}/requeue", json={"to": "resumeq"})
+    assert served.status_code == 200 and served.json()["warnings"] == []
+    api.wait_state(jobs[1], {"done"})
+    assert api.store.get(jobs[0]).state.value == "queued"  # waiting, as warned
+    assert api.as_("ops").post(f"/v1/jobs/{jobs[0]}/cancel").status_code == 200
+
+
 def test_a_follower_of_a_spilled_job_is_told_end_and_after_a_requeue_reads_on(api: Api) -> None:
     """Before: a feed stopped at the first spill, so after a requeue every follower was
     told the job had spilled and never saw the rest."""

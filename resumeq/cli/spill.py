@@ -170,8 +170,14 @@ def spill_requeue(
     if provider is not None and obj.settings.file.providers:
         obj.settings.profile(provider)
 
+    sent_to: list[str] = []
+
     def requeue(one: str) -> str:
-        return ops.requeue_spilled(obj.store, one, queue=to_queue, provider=provider, budget=budget)
+        queue = ops.requeue_spilled(
+            obj.store, one, queue=to_queue, provider=provider, budget=budget
+        )
+        sent_to.append(queue)
+        return queue
 
     changes = {"to": to_queue, "provider": provider, "budget": budget}
     detail = " ".join(f"{k}={v}" for k, v in changes.items() if v is not None)
@@ -179,10 +185,12 @@ def spill_requeue(
         assert job_id is not None
         queue = requeue(job_id)
         obj.audit("requeue", [job_id], detail)
+        warnings = ops.unserved(obj.store, sent_to)
         if as_json:
-            _emit({"id": job_id, "state": "queued", "queue": queue})
+            _emit({"id": job_id, "state": "queued", "queue": queue, "warnings": warnings})
         else:
             click.echo(f"requeued {job_id} to {queue}")
+        _warn(warnings)
         return
     where = _where(**filters)
     to = "".join(
@@ -198,7 +206,9 @@ def spill_requeue(
         return
     result = ops.bulk(obj.store, requeue, where)
     obj.audit("requeue", result.done, f"{detail} all matching".strip())
-    _report(result, "requeued", as_json)
+    warnings = ops.unserved(obj.store, sent_to)
+    _report(result, "requeued", as_json, warnings=warnings)
+    _warn(warnings)
 
 
 @spill.command("drop")
@@ -240,13 +250,21 @@ def spill_drop(
     _report(result, "dropped", as_json)
 
 
-def _report(result: ops.BulkResult, verb: str, as_json: bool) -> None:
+def _report(
+    result: ops.BulkResult, verb: str, as_json: bool, *, warnings: list[str] | None = None
+) -> None:
     if as_json:
-        _emit(result.as_dict())
+        _emit({**result.as_dict(), **({"warnings": warnings} if warnings is not None else {})})
         return
     click.echo(f"{verb} {len(result.done)}")
     for job_id, why in result.skipped.items():
         click.echo(f"skipped {job_id}: {why}", err=True)
+
+
+def _warn(warnings: list[str]) -> None:
+    """Each warning on stderr, in JSON mode too (stdout stays one JSON object)."""
+    for line in warnings:
+        click.echo(f"warning: {line}", err=True)
 
 
 @spill.command("export")

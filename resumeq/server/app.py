@@ -51,6 +51,7 @@ from resumeq.ops import (
     spill_page,
     stats,
     status_dict,
+    unserved,
 )
 from resumeq.producer import enqueue_job
 from resumeq.server import sse
@@ -525,12 +526,12 @@ async def spill_requeue(request: Request) -> Response:
     ):
         known = ", ".join(sorted(svc.settings.file.providers)) or "none configured"
         raise Problem.field(422, "provider", f"unknown provider {provider!r} (known: {known})")
-    await svc.run(requeue_spilled, svc.store, job_id, queue=to, provider=provider)
+    queue = await svc.run(requeue_spilled, svc.store, job_id, queue=to, provider=provider)
     # The job as the requeue left it, read first: a worker may take it at once.
     job = await visible_job(request, who, job_id)
     detail = " ".join(f"{k}={v}" for k, v in (("to", to), ("provider", provider)) if v)
     await svc.run(svc.audit, who, "requeue", job_id, detail)
-    return JSONResponse(job)
+    return JSONResponse({**job, "warnings": await svc.run(unserved, svc.store, [queue])})
 
 
 async def spill_drop(request: Request) -> Response:

@@ -174,6 +174,75 @@ def list_jobs(
     return found[:limit]
 
 
+#: The most entries of the index of every job one listing of ended jobs reads by default.
+ENDED_SCAN_MAX = 1_000
+_ENDED_BATCH = 250
+
+
+@dataclass
+class EndedJobs:
+    """Ended jobs found by reading the index of every job newest first."""
+
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    #: How many entries of the index were read.
+    examined: int = 0
+    #: Whether the index holds older entries that were not read.
+    more: bool = False
+
+
+def list_ended(
+    store: Store,
+    state: str,
+    *,
+    queue: str | None = None,
+    limit: int = 100,
+    since_ms: int | None = None,
+    scan_max: int = ENDED_SCAN_MAX,
+) -> EndedJobs:
+    """Jobs in a terminal state, newest first, read from the index of every job: at most
+    ``scan_max`` entries of it (an ended state has no index of its own), a few fields of
+    each, the matches then whole. ``since_ms``: only jobs that ended at or after it."""
+    if not JobState(state).terminal:
+        raise ValueError(f"{state!r} is not an ended state (those with an index: {LIVE_STATES})")
+    if limit <= 0 or scan_max <= 0:
+        raise ValueError(f"limit and scan_max must be > 0, got {limit} and {scan_max}")
+    out = EndedJobs()
+    matched: list[str] = []
+    while len(matched) < limit and out.examined < scan_max:
+        count = min(_ENDED_BATCH, scan_max - out.examined)
+        with redis_errors("jobs"):
+            ids = [decode(m) for m in store.redis.zrevrange(keys.JOBS, out.examined,
+                                                             out.examined + count - 1)]  # fmt: skip
+            if not ids:
+                return _whole(store, matched, out)
+            with store.redis.pipeline(transaction=False) as pipe:
+                for job_id in ids:
+                    pipe.hmget(keys.job(job_id), "state", "queue", "finished_ms", "updated_ms")
+                rows = pipe.execute()
+        for job_id, (got, lane, finished, updated) in zip(ids, rows, strict=True):
+            out.examined += 1
+            if got is None or decode(got) != state or (queue and decode(lane or b"") != queue):
+                continue
+            ended_ms = int(finished or updated or 0)
+            if since_ms is not None and ended_ms < since_ms:
+                continue
+            matched.append(job_id)
+            if len(matched) == limit:
+                break
+    with redis_errors("jobs"):
+        out.more = store.redis.zcard(keys.JOBS) > out.examined
+    return _whole(store, matched, out)
+
+
+def _whole(store: Store, job_ids: list[str], out: EndedJobs) -> EndedJobs:
+    for job_id in job_ids:
+        try:
+            out.jobs.append(job_entry(store.get(job_id)))
+        except JobNotFound:
+            continue  # expired or purged since the index was read
+    return out
+
+
 def job_entry(record: JobRecord) -> dict[str, Any]:
     """A job in a listing: enough to choose what to look at."""
     return {

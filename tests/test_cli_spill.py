@@ -253,8 +253,67 @@ def test_jobs_by_state_from_the_indexes(redis_server: RedisServer, real_store: S
     assert ids("--state", "stalled") == []
     human = run("jobs", "--state", "running", url=url)
     assert human.returncode == 0 and running in human.stdout
-    bad = run("jobs", "--state", "done", url=url)
+    assert ids("--state", "cancelled") == [ended]
+    bad = run("jobs", "--state", "finished", url=url)
     assert bad.returncode == 2 and "Invalid value for '--state'" in bad.stderr
+    live_since = run("jobs", "--state", "queued", "--since", "1h", url=url)
+    assert live_since.returncode == 2 and "'--since'" in live_since.stderr
+    assert "ended states" in live_since.stderr
+
+
+def test_ended_jobs_newest_first_bounded_and_since(
+    redis_server: RedisServer, real_store: Store, redis_client: redis.Redis
+) -> None:
+    url = redis_server.url
+    spec = {"prompt": "hi", "provider": "local", "model": "m", "budget_tokens": 100}
+
+    def ended(how: str, queue: str = "default") -> str:
+        job_id = real_store.create(spec, queue=queue).id
+        got = real_store.acquire(job_id, worker="w", ttl_ms=5000)
+        if how == "done":
+            real_store.flush(got.lease, expected_revision=1, delta="ok", tokens=1)
+            real_store.finish(got.lease, state="done", finish_reason="stop")
+        else:
+            real_store.finish(got.lease, state="failed", error="HTTP 401")
+        time.sleep(0.002)  # the index orders by creation time
+        return job_id
+
+    old_failure = ended("failed")
+    # it failed three hours ago (the field the filter reads)
+    finished_ms = int(redis_client.hget(keys.job(old_failure), "finished_ms") or 0)
+    redis_client.hset(keys.job(old_failure), "finished_ms", finished_ms - 3 * 3600 * 1000)
+    done = [ended("done"), ended("done", queue="bulk"), ended("done")]
+    failed = ended("failed", queue="bulk")
+
+    def listing(*args: str) -> dict[str, Any]:
+        out = run("jobs", *args, "--json", url=url)
+        assert out.returncode == 0, out.stderr
+        answer: dict[str, Any] = json.loads(out.stdout)
+        return answer
+
+    everything = listing("--state", "done")
+    assert [j["id"] for j in everything["jobs"]] == done[::-1]  # newest first
+    assert everything["examined"] == 5 and everything["more"] is False
+    assert (
+        everything["jobs"][0]["state"] == "done"
+        and everything["jobs"][0]["spent_output_tokens"] == 1
+    )
+    assert [j["id"] for j in listing("--state", "done", "--queue", "bulk")["jobs"]] == [done[1]]
+    assert [j["id"] for j in listing("--state", "failed")["jobs"]] == [failed, old_failure]
+    last_hour = listing("--state", "failed", "--since", "1h")
+    assert [j["id"] for j in last_hour["jobs"]] == [failed] and last_hour["since"] == "1h"
+    bounded = listing("--state", "done", "--scan", "2")
+    assert bounded["examined"] == 2 and bounded["more"] is True
+    assert [j["id"] for j in bounded["jobs"]] == [done[2]]  # the newest two: a failure, a done
+    limited = listing("--state", "done", "--limit", "1")
+    assert [j["id"] for j in limited["jobs"]] == [done[2]] and limited["examined"] == 2
+    human = run("jobs", "--state", "done", "--scan", "2", url=url)
+    assert human.returncode == 0 and done[2] in human.stdout
+    assert human.stdout.rstrip().endswith(
+        "1 done (2 of the newest jobs read; older ones not read (--scan 2))"
+    )
+    bad_age = run("jobs", "--state", "failed", "--since", "an hour", url=url)
+    assert bad_age.returncode == 2 and "'an hour'" in bad_age.stderr
 
 
 def test_filters_beside_a_job_id_are_refused(redis_server: RedisServer, real_store: Store) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import click
 
 from resumeq import keys, ops
 from resumeq.cli._base import EXIT_ERROR, Context, _emit, cli, reports_errors
+from resumeq.cli.spill import parse_age
 from resumeq.client import Client
 from resumeq.errors import InvalidTransition, ProviderError, ResumeqError
 from resumeq.models import JobState
@@ -309,27 +311,83 @@ def purge(obj: Context, job_id: str, as_json: bool) -> None:
         click.echo(f"purged {job_id} ({removed} keys)")
 
 
+#: Every state, the live ones (each with an index of its own) first.
+_STATES = (*ops.LIVE_STATES, *sorted(s.value for s in JobState if s.terminal))
+
+
 @cli.command("jobs")
 @click.option(
     "--state",
-    type=click.Choice(ops.LIVE_STATES),
+    type=click.Choice(_STATES),
     required=True,
-    help="A state that is not terminal (each has an index).",
+    help="Live states are read from their own index, longest there first; ended ones from "
+    "the index of every job, newest first, at most --scan of it.",
 )
 @click.option("--queue", default=None, help="Only this queue's jobs.")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option(
+    "--since",
+    default=None,
+    metavar="AGE",
+    help="Ended states: only jobs that ended within this long (90s, 10m, 2h, 1d).",
+)
+@click.option(
+    "--scan",
+    type=click.IntRange(1, 1_000_000),
+    default=ops.ENDED_SCAN_MAX,
+    show_default=True,
+    help="Ended states: the most entries of the index of every job read.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_obj
 @reports_errors
-def jobs_command(obj: Context, state: str, queue: str | None, limit: int, as_json: bool) -> None:
-    """Jobs in a state, longest there first, from the state's index (never a scan)."""
-    found = ops.list_jobs(obj.store, state, queue=queue, limit=limit)
-    if as_json:
-        _emit({"state": state, "queue": queue, "jobs": found})
+def jobs_command(
+    obj: Context,
+    /,
+    *,
+    state: str,
+    queue: str | None,
+    limit: int,
+    since: str | None,
+    scan: int,
+    as_json: bool,
+) -> None:
+    """Jobs in a state, from an index (never a scan of Redis): a live state's own, longest
+    there first; for an ended state, the index of every job, newest first, bounded by
+    --scan and saying how much of it was read."""
+    if state in ops.LIVE_STATES:
+        if since is not None:
+            raise click.BadParameter(
+                f"applies to ended states, not {state!r} (listed longest there first)",
+                param_hint="'--since'",
+            )
+        found = ops.list_jobs(obj.store, state, queue=queue, limit=limit)
+        if as_json:
+            _emit({"state": state, "queue": queue, "jobs": found})
+            return
+        _print_jobs(found)
+        click.echo(f"{len(found)} {state}")
         return
+    since_ms = None
+    if since is not None:
+        since_ms = int((time.time() - parse_age(since)) * 1000)
+    ended = ops.list_ended(
+        obj.store, state, queue=queue, limit=limit, since_ms=since_ms, scan_max=scan
+    )
+    if as_json:
+        _emit({"state": state, "queue": queue, "since": since, "jobs": ended.jobs,
+               "examined": ended.examined, "more": ended.more})  # fmt: skip
+        return
+    _print_jobs(ended.jobs)
+    read = f"{ended.examined} of the newest jobs read"
+    if ended.more and len(ended.jobs) < limit:
+        read += f"; older ones not read (--scan {scan})"
+    click.echo(f"{len(ended.jobs)} {state} ({read})")
+
+
+def _print_jobs(found: list[dict[str, Any]]) -> None:
     for j in found:
         click.echo(
             f"{j['id']}  {j['queue']}  {j['provider']}  attempt {j['attempt']}  "
             f"{j['spent_output_tokens']}/{j['budget_tokens']}  {j['reason'] or ''}".rstrip()
         )
-    click.echo(f"{len(found)} {state}")

@@ -366,6 +366,23 @@ def test_edit_and_requeue_one_job_and_bad_values_change_nothing(site: Site, page
     assert "budget=2500" in page.locator("tr[data-audit-action='edit+requeue']").first.inner_text()
 
 
+def test_a_requeue_to_a_queue_no_worker_listens_on_says_so(site: Site, page: Any) -> None:
+    job_id = spill(site, ["Spilled for the night shift: the bakery's orders."])[0]
+    login(page, site)
+    page.goto(f"{site.base}/console/spill/{job_id}/edit")
+    page.fill("input[name=to]", "night-shift")
+    page.click("button[data-action=requeue]")
+    flash = page.inner_text(".flash")
+    assert "Edited and requeued." in flash
+    assert "No live worker listens on queue 'night-shift'" in flash
+    assert site.store.get(job_id).queue == "night-shift"  # done, as warned
+    # A link can name only queues in the banner, nothing else.
+    page.goto(f"{site.base}/console/jobs/{job_id}?done=edited&n=0&idle=<b>x</b>,ok-queue")
+    flash = page.inner_text(".flash")
+    assert "'ok-queue'" in flash and "<b>" not in flash and "x</b>" not in flash
+    site.store.cancel(job_id)
+
+
 # -- roles and requests from elsewhere ------------------------------------------------------------
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import jinja2
 from starlette.datastructures import FormData
@@ -41,6 +41,7 @@ from resumeq.ops import (
     requeue_spilled,
     spill_export_lines,
     spill_page,
+    unserved,
 )
 from resumeq.producer import cancel_job
 from resumeq.server import sse
@@ -406,11 +407,13 @@ class Console:
             raise PageError(400, f"Unknown action {str(action)[:40]!r}: requeue or drop.")
         to, provider = self.target(form)
 
+        sent_to: list[str] = []
+
         def one(job_id: str) -> Any:
             if action == "drop":
                 reason = f"dropped by {who.principal.name} in the console"
                 return drop_spilled(svc.store, job_id, reason=reason)
-            return requeue_spilled(svc.store, job_id, queue=to, provider=provider)
+            sent_to.append(requeue_spilled(svc.store, job_id, queue=to, provider=provider))
 
         detail = " ".join(f"{k}={v}" for k, v in (("to", to), ("provider", provider)) if v)
         if _field(form, "select") == "all":
@@ -449,7 +452,13 @@ class Console:
             "requeued" if action == "requeue" else "dropped",
             n=len(done),
             skipped=len(skipped),
+            idle=await self.idle_queues(sent_to),
         )
+
+    async def idle_queues(self, queues: list[str]) -> list[str]:
+        """Those of ``queues`` no live worker listens on (the banner says so)."""
+        said = await self.svc.run(unserved, self.svc.store, queues)
+        return [q for q in dict.fromkeys(queues) if any(repr(q) in line for line in said)]
 
     def target(self, form: FormData) -> tuple[str | None, str | None]:
         """Where a requeue sends jobs: a queue (not the spill lane) and a known provider."""
@@ -482,7 +491,7 @@ class Console:
         if provider == record.spec.provider:
             provider = None
         try:
-            await svc.run(
+            queue = await svc.run(
                 requeue_spilled,
                 svc.store,
                 job_id,
@@ -498,7 +507,7 @@ class Console:
         changes = {"to": to, "provider": provider, "budget": budget, "floor": floor}
         detail = " ".join(f"{k}={v}" for k, v in changes.items() if v is not None)
         await svc.run(self.audit, who, "edit+requeue", [job_id], detail)
-        return _back(f"/console/jobs/{job_id}", "edited")
+        return _back(f"/console/jobs/{job_id}", "edited", idle=await self.idle_queues([queue]))
 
     # -- routes ------------------------------------------------------------------------------
 
@@ -701,8 +710,16 @@ MESSAGES = {
 }
 
 
-def _back(path: str, code: str, *, n: int = 0, skipped: int = 0) -> Response:
+#: The most queues the banner names as having no live worker.
+IDLE_NAMED = 5
+
+
+def _back(
+    path: str, code: str, *, n: int = 0, skipped: int = 0, idle: Sequence[str] = ()
+) -> Response:
     query = f"?done={code}&n={n}" + (f"&skipped={skipped}" if skipped else "")
+    if idle:
+        query += "&" + urlencode({"idle": ",".join(idle[:IDLE_NAMED])})
     return RedirectResponse(path + query, status_code=303)
 
 
@@ -716,4 +733,16 @@ def _message(params: Mapping[str, Any]) -> str:
     text = template.format(n=int(n))
     if int(skipped):
         text += f" Left alone {int(skipped)} that changed meanwhile."
+    # Queue names only (a link cannot put other words in the banner).
+    idle = [q for q in str(params.get("idle", "")).split(",") if _is_queue(q)]
+    for queue in idle[:IDLE_NAMED]:
+        text += f" No live worker listens on queue {queue!r}: its jobs wait there until one does."
     return text
+
+
+def _is_queue(name: str) -> bool:
+    try:
+        check_queue(name)
+    except ValueError:
+        return False
+    return True

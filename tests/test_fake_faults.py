@@ -10,12 +10,12 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import httpx
 import pytest
 
-from resumeq.fake import FakeProvider, count_tokens
+from resumeq.fake import FakeProvider, Fault, FaultKind, count_tokens
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -314,6 +314,90 @@ def test_bad_faults_are_refused_and_nothing_is_queued(http: httpx.Client) -> Non
     assert http.get("/_fake/faults").json() == []
     queued = http.post("/_fake/faults", json=[{"kind": "stall", "times": 3}]).json()
     assert queued["queued"] == 1 and queued["pending"][0]["uses_left"] == 3
+
+
+def test_a_refused_fault_is_named_by_its_place_and_field(http: httpx.Client) -> None:
+    refused = http.post("/_fake/faults", json=[{"kind": "truncate"}, {"kind": "explode"}])
+    message = refused.json()["error"]["message"]
+    assert message.startswith("faults[1].kind: Input should be 'disconnect'"), message
+    refused = http.post("/_fake/faults", json={"faults": [{"kind": "stall", "secs": 3}]})
+    assert refused.json()["error"]["message"] == "faults[0].secs: Extra inputs are not permitted"
+    refused = http.post("/_fake/faults", json={"kind": "stall"})
+    assert (
+        refused.status_code == 422 and "/_fake/faults/schema" in refused.json()["error"]["message"]
+    )
+    refused = http.post("/_fake/config", json={"chaos": {"probability": 2}})
+    assert refused.json()["error"]["message"].startswith("chaos.probability: ")
+    assert http.get("/_fake/faults").json() == []
+
+
+def test_faults_are_listed_with_ids_taken_out_one_by_one_and_cleared(
+    fake: FakeProvider, http: httpx.Client
+) -> None:
+    posted = http.post(
+        "/_fake/faults",
+        json=[
+            {"kind": "truncate", "after_tokens": 3},
+            {"kind": "disconnect", "after_tokens": 4, "times": 2},
+            {"kind": "status", "status": 529},
+        ],
+    ).json()
+    first, second, third = posted["ids"]
+    assert second == first + 1 and third == first + 2
+    listed = http.get("/_fake/faults").json()
+    assert listed == posted["pending"] == fake.pending_faults()
+    assert [(f["id"], f["kind"], f["uses_left"]) for f in listed] == [
+        (first, "truncate", 1),
+        (second, "disconnect", 2),
+        (third, "status", 1),
+    ]
+    assert listed[0] == {
+        **Fault(kind="truncate", after_tokens=3).model_dump(),
+        "id": first,
+        "uses_left": 1,
+    }
+
+    removed = http.delete(f"/_fake/faults/{first}")
+    assert removed.status_code == 200 and removed.json()["removed"] == listed[0]
+    assert [f["id"] for f in removed.json()["pending"]] == [second, third]
+    gone = http.delete(f"/_fake/faults/{first}")
+    assert gone.status_code == 404
+    assert (
+        gone.json()["error"]["message"] == f"no queued fault '{first}' (queued: {second}, {third})"
+    )
+    assert http.delete("/_fake/faults/seven").status_code == 404
+
+    # The truncate is gone: the next request takes the disconnect, and one use of it is left.
+    assert isinstance(receive(http, *WIRES["openai"]).error, httpx.RemoteProtocolError)
+    assert last_entry(fake)["fault"]["kind"] == "disconnect"
+    assert [(f["id"], f["uses_left"]) for f in http.get("/_fake/faults").json()] == [
+        (second, 1),
+        (third, 1),
+    ]
+
+    cleared = http.delete("/_fake/faults")
+    assert cleared.status_code == 200 and cleared.json() == {"cleared": 2, "pending": []}
+    assert http.get("/_fake/faults").json() == []
+    assert receive(http, *WIRES["openai"]).text() == fake.canonical_text(MESSAGES)
+    assert http.delete("/_fake/faults").json()["cleared"] == 0
+    later = http.post("/_fake/faults", json=[{"kind": "truncate"}]).json()
+    assert later["ids"] == [third + 1]  # ids are never reused
+    assert fake.clear_faults() == 1 and fake.pending_faults() == []
+    assert http.delete("/_fake/nothing").status_code == 404  # not the server's 501 page
+
+
+def test_the_fault_schema_is_served_and_describes_every_kind(http: httpx.Client) -> None:
+    schema = http.get("/_fake/faults/schema").json()
+    assert schema == Fault.model_json_schema()
+    assert schema["properties"]["kind"]["enum"] == list(get_args(FaultKind))
+    assert schema["required"] == ["kind"] and schema["additionalProperties"] is False
+    # Each kind, with the schema's defaults, is a fault the provider queues.
+    faults = [{"kind": kind} for kind in schema["properties"]["kind"]["enum"]]
+    posted = http.post("/_fake/faults", json=faults)
+    assert posted.status_code == 200 and posted.json()["queued"] == len(faults)
+    for name, prop in schema["properties"].items():
+        if name != "kind":
+            assert posted.json()["pending"][0][name] == prop.get("default"), name
 
 
 # -- journal, reset, caching, counting -------------------------------------------------------

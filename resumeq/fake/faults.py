@@ -4,17 +4,23 @@ Each fault serves ``times`` requests, in queue order. Only generation requests
 (``/v1/chat/completions``, ``/v1/messages``, ``/v1/responses``) take faults, and only once
 they passed validation. A stream fault fires after ``min(after_tokens, tokens the request
 would send)`` tokens, so a queued fault is always observed.
+
+Every queued fault has an id (1, 2, ... for the provider's life; a reset does not reuse
+them): ``GET /_fake/faults`` lists what is still queued with each one's ``id`` and
+``uses_left``, ``DELETE /_fake/faults/{id}`` takes one out, ``DELETE /_fake/faults`` them
+all, and ``GET /_fake/faults/schema`` is the JSON schema of one fault (:class:`Fault`).
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 FaultKind = Literal[
     "disconnect",
@@ -54,13 +60,22 @@ class Fault(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: What goes wrong (the list above).
     kind: FaultKind
+    #: The stream faults fire after this many output tokens (at most all the request would
+    #: send, so a queued fault always fires); reasoning tokens count.
     after_tokens: int = Field(default=0, ge=0)
+    #: ``status``: the HTTP status answered, with the wire's error body.
     status: int = Field(default=429, ge=400, le=599)
+    #: ``status``: the ``Retry-After`` header, in seconds (none when unset).
     retry_after: float | None = Field(default=None, ge=0)
+    #: ``stall`` and ``pause``: how long nothing is sent.
     seconds: float = Field(default=30.0, ge=0)
+    #: ``stall`` and ``pause``: an SSE comment every this many seconds meanwhile.
     keepalive_s: float | None = Field(default=None, gt=0)
+    #: How many requests the fault serves before it leaves the queue.
     times: int = Field(default=1, ge=1)
+    #: ``status``: the error body's message (the wire's usual one for the status when unset).
     message: str | None = None
     #: Only a request whose messages contain this text takes the fault (others skip it).
     match: str | None = Field(default=None, min_length=1)
@@ -68,20 +83,37 @@ class Fault(BaseModel):
 
 @dataclass
 class _Queued:
+    id: int
     fault: Fault
     left: int
+
+    def describe(self) -> dict[str, Any]:
+        return {"id": self.id, **self.fault.model_dump(), "uses_left": self.left}
 
 
 class FaultQueue:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._queue: deque[_Queued] = deque()
+        self._ids = itertools.count(1)
 
     def add(self, faults: Iterable[Fault | Mapping[str, Any]]) -> list[Fault]:
-        parsed = [f if isinstance(f, Fault) else Fault.model_validate(f) for f in faults]
+        """Queue ``faults`` after those already queued; all of them or, when one is not a
+        fault, none (the ValidationError names it by its place in the list)."""
+        return [q.fault for q in self._add(faults)]
+
+    def queue(self, faults: Iterable[Fault | Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """As :meth:`add`; what was queued as :meth:`pending` lists it (with the ids)."""
+        return [q.describe() for q in self._add(faults)]
+
+    def _add(self, faults: Iterable[Fault | Mapping[str, Any]]) -> list[_Queued]:
+        parsed = _FAULTS.validate_python(
+            [f.model_dump() if isinstance(f, Fault) else f for f in faults]
+        )
         with self._lock:
-            self._queue.extend(_Queued(fault, fault.times) for fault in parsed)
-        return parsed
+            queued = [_Queued(next(self._ids), fault, fault.times) for fault in parsed]
+            self._queue.extend(queued)
+        return queued
 
     def take(self, text: str = "") -> Fault | None:
         """The first queued fault for a request whose messages read ``text``: a fault
@@ -98,9 +130,27 @@ class FaultQueue:
             return None
 
     def pending(self) -> list[dict[str, Any]]:
+        """The faults still queued, in the order they apply: each one's fields, ``id`` and
+        ``uses_left``."""
         with self._lock:
-            return [{**q.fault.model_dump(), "uses_left": q.left} for q in self._queue]
+            return [q.describe() for q in self._queue]
 
-    def clear(self) -> None:
+    def remove(self, fault_id: int) -> dict[str, Any] | None:
+        """Take the fault ``fault_id`` out of the queue: what it was, or None when no queued
+        fault has that id (it was never queued, or it was used up)."""
         with self._lock:
+            for queued in self._queue:
+                if queued.id == fault_id:
+                    self._queue.remove(queued)
+                    return queued.describe()
+            return None
+
+    def clear(self) -> int:
+        """Empty the queue; how many faults were in it."""
+        with self._lock:
+            count = len(self._queue)
             self._queue.clear()
+            return count
+
+
+_FAULTS: TypeAdapter[list[Fault]] = TypeAdapter(list[Fault])

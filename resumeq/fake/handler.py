@@ -186,6 +186,7 @@ class FakeHandler(BaseHTTPRequestHandler):
         routes: dict[str, Callable[[], Any]] = {
             "/_fake/requests": self.state.journal.snapshot,
             "/_fake/faults": self.state.faults.pending,
+            "/_fake/faults/schema": Fault.model_json_schema,
             "/_fake/config": self._config,
             "/_fake/stats": self._stats,
             "/_fake/health": lambda: {"ok": True},
@@ -210,6 +211,25 @@ class FakeHandler(BaseHTTPRequestHandler):
             self._send_error_reply(wire.error(400, "the request body is not valid JSON"))
             return
         self._dispatch(body)
+
+    def do_DELETE(self) -> None:
+        """``/_fake/faults`` empties the fault queue, ``/_fake/faults/{id}`` takes one out."""
+        self._read_body()  # whatever came with it, so the connection stays in step
+        route, faults = self.route, self.state.faults
+        if route == "/_fake/faults":
+            self._send_json(200, {"cleared": faults.clear(), "pending": faults.pending()})
+            return
+        head, _, fault_id = route.rpartition("/")
+        if head != "/_fake/faults":
+            self._send_error_reply(OPENAI.error(404, f"no route DELETE {route}"))
+            return
+        removed = faults.remove(int(fault_id)) if fault_id.isdecimal() else None
+        if removed is None:
+            ids = [str(f["id"]) for f in faults.pending()]
+            message = f"no queued fault {fault_id!r} (queued: {', '.join(ids) or 'none'})"
+            self._send_json(404, {"error": {"message": message, "type": "not_found_error"}})
+            return
+        self._send_json(200, {"removed": removed, "pending": faults.pending()})
 
     def _dispatch(self, body: Any) -> None:
         route = self.route
@@ -520,9 +540,19 @@ class FakeHandler(BaseHTTPRequestHandler):
             if route == "/_fake/faults":
                 items = body.get("faults") if isinstance(body, Mapping) else body
                 if not isinstance(items, list):
-                    raise InvalidRequest("expected a JSON list of faults")
-                queued = state.faults.add(items)
-                self._send_json(200, {"queued": len(queued), "pending": state.faults.pending()})
+                    raise InvalidRequest(
+                        'expected a JSON list of faults (or {"faults": [...]}); '
+                        "GET /_fake/faults/schema describes one"
+                    )
+                queued = state.faults.queue(items)
+                self._send_json(
+                    200,
+                    {
+                        "queued": len(queued),
+                        "ids": [q["id"] for q in queued],
+                        "pending": state.faults.pending(),
+                    },
+                )
             elif route == "/_fake/reset":
                 state.reset()
                 self._send_json(200, {"ok": True})
@@ -533,8 +563,25 @@ class FakeHandler(BaseHTTPRequestHandler):
                 self._send_json(200, canonical_of(state, body))
             else:
                 self._send_error_reply(OPENAI.error(404, f"no route POST {route}"))
-        except (InvalidRequest, ValidationError, TypeError) as exc:
+        except ValidationError as exc:
+            message = "; ".join(_problem(route, error) for error in exc.errors(include_url=False))
+            self._send_json(422, {"error": {"message": message, "type": "invalid_request_error"}})
+        except (InvalidRequest, TypeError) as exc:
             self._send_json(422, {"error": {"message": str(exc), "type": "invalid_request_error"}})
+
+
+def _problem(route: str, error: Any) -> str:
+    """One of pydantic's errors as a line naming where it is: ``faults[1].kind: ...`` for
+    the second fault's kind, ``chaos.probability: ...`` for a ``/_fake/config`` key."""
+    where = {"/_fake/faults": "faults", "/_fake/config": "chaos"}.get(route, "")
+    for part in error["loc"]:
+        if isinstance(part, int):
+            where += f"[{part}]"
+        elif where:
+            where += f".{part}"
+        else:
+            where = str(part)
+    return f"{where or 'body'}: {error['msg']}"
 
 
 def _response_route(route: str) -> tuple[str, str] | None:

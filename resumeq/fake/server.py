@@ -157,7 +157,17 @@ class FakeProvider:
         return self
 
     def add_faults(self, faults: Iterable[Fault | Mapping[str, Any]]) -> list[Fault]:
+        """Queue faults for the next generation requests (``POST /_fake/faults``)."""
         return self.state.faults.add(faults)
+
+    def pending_faults(self) -> list[dict[str, Any]]:
+        """The queued faults still to apply, each with its ``id`` and ``uses_left`` (``GET
+        /_fake/faults``)."""
+        return self.state.faults.pending()
+
+    def clear_faults(self) -> int:
+        """Drop every queued fault (``DELETE /_fake/faults``); how many there were."""
+        return self.state.faults.clear()
 
     def chaos(
         self,

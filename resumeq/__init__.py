@@ -1,6 +1,7 @@
 """resumeq: a Redis-backed job queue for LLM generation jobs that resumes cut streams.
 
-The public surface is what ``__all__`` lists; everything else is internal.
+The public surface is what ``__all__`` lists; everything else is internal. The exceptions
+load with the package; every other name loads with its module on first use.
 """
 
 import importlib
@@ -41,51 +42,82 @@ from resumeq.errors import (
     UnreadableCount,
     WriteRefused,
 )
-from resumeq.models import (
-    TERMINAL_STATES,
-    Acquired,
-    CreateResult,
-    FlushResult,
-    JobRecord,
-    JobState,
-    Lease,
-)
-from resumeq.settings import (
-    ConfigFile,
-    JanitorSettings,
-    Prices,
-    ProviderProfile,
-    Settings,
-    StoreSettings,
-    WorkerSettings,
-    load_settings,
-)
-from resumeq.spec import (
-    ExitPolicy,
-    GenerationParams,
-    JobSpec,
-    Limits,
-    Message,
-    Role,
-    parse_spec,
-    parse_spec_json,
-)
-from resumeq.store import DEFAULT_QUEUE, ReapResult, Store
 
 if TYPE_CHECKING:
     from resumeq.async_client import AsyncClient
     from resumeq.client import Client, Delta, Job
+    from resumeq.models import (
+        TERMINAL_STATES,
+        Acquired,
+        CreateResult,
+        FlushResult,
+        JobRecord,
+        JobState,
+        Lease,
+    )
+    from resumeq.settings import (
+        ConfigFile,
+        JanitorSettings,
+        Prices,
+        ProviderProfile,
+        Settings,
+        StoreSettings,
+        WorkerSettings,
+        load_settings,
+    )
+    from resumeq.spec import (
+        ExitPolicy,
+        GenerationParams,
+        JobSpec,
+        Limits,
+        Message,
+        Role,
+        parse_spec,
+        parse_spec_json,
+    )
+    from resumeq.store import DEFAULT_QUEUE, ReapResult, Store
 
 __version__ = "0.1.0"
 
-#: The producer clients load on first use: a worker, a janitor or the CLI never needs
-#: them, and asyncio's Redis client alone costs a tenth of a second to import.
-_LAZY = {
-    "AsyncClient": "resumeq.async_client",
-    "Client": "resumeq.client",
-    "Delta": "resumeq.client",
-    "Job": "resumeq.client",
+#: Where each name of the surface that is not an exception lives. Each module loads on the
+#: first use of one of its names (PEP 562): ``import resumeq`` stays cheap, and a command
+#: line, a worker or a janitor imports only what it uses — pydantic's models, redis-py and
+#: RQ cost a command line several tenths of a second of CPU, and a worker their memory.
+_LAZY_MODULES = {
+    "resumeq.async_client": ("AsyncClient",),
+    "resumeq.client": ("Client", "Delta", "Job"),
+    "resumeq.models": (
+        "TERMINAL_STATES",
+        "Acquired",
+        "CreateResult",
+        "FlushResult",
+        "JobRecord",
+        "JobState",
+        "Lease",
+    ),
+    "resumeq.settings": (
+        "ConfigFile",
+        "JanitorSettings",
+        "Prices",
+        "ProviderProfile",
+        "Settings",
+        "StoreSettings",
+        "WorkerSettings",
+        "load_settings",
+    ),
+    "resumeq.spec": (
+        "ExitPolicy",
+        "GenerationParams",
+        "JobSpec",
+        "Limits",
+        "Message",
+        "Role",
+        "parse_spec",
+        "parse_spec_json",
+    ),
+    "resumeq.store": ("DEFAULT_QUEUE", "ReapResult", "Store"),
 }
+_LAZY = {name: module for module, names in _LAZY_MODULES.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
@@ -95,6 +127,10 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 __all__ = [

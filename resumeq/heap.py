@@ -21,8 +21,7 @@ glibc only: elsewhere (musl, macOS) both do nothing.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import functools
 import os
 import sys
 import threading
@@ -46,9 +45,15 @@ def _glibc() -> bool:
         return False
 
 
+@functools.cache
 def _load_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, looked up on first use: finding the C library runs
+    ``ldconfig``, which a command line that never trims should not pay for."""
     if not _glibc():
         return None
+    import ctypes  # noqa: PLC0415
+    import ctypes.util  # noqa: PLC0415
+
     name = ctypes.util.find_library("c")
     if name is None:
         return None
@@ -61,16 +66,14 @@ def _load_trim() -> Callable[[int], int] | None:
     return trim
 
 
-_malloc_trim = _load_trim()
-
-
 def release_free_memory() -> bool:
     """Give the free pages of every malloc arena back to the system; answers whether the
     C library released any. ctypes releases the GIL for the call: other threads run
     meanwhile."""
-    if _malloc_trim is None:
+    trim = _load_trim()
+    if trim is None:
         return False
-    return bool(_malloc_trim(0))
+    return bool(trim(0))
 
 
 def mark_entry_point() -> None:

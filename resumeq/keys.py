@@ -13,6 +13,11 @@ import re
 
 PREFIX = "resumeq"
 
+#: The RQ queue jobs go to unless told otherwise (RQ keys it ``rq:queue:resumeq``).
+DEFAULT_QUEUE = "resumeq"
+#: The spill lane: an RQ queue that normal workers do not serve.
+SPILL_QUEUE = "resumeq-spill"
+
 #: Job ids: the same alphabet RQ accepts for its own job ids, so that an attempt's RQ job
 #: id can be derived from ours; no braces, colons or white space.
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -4,35 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from resumeq import states
 from resumeq.identity import pid_of
 from resumeq.spec import JobSpec, Limits
 
+#: A job's states live in :mod:`resumeq.states` (no pydantic there, for the command line).
+JobState = states.JobState
+TERMINAL_STATES = states.TERMINAL_STATES
 
-class JobState(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    #: The owner's lease expired and a janitor took the job over to apply the gate.
-    STALLED = "stalled"
-    SPILLED = "spilled"
-    DONE = "done"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    ABANDONED = "abandoned"
-    DROPPED = "dropped"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_STATES
-
-
-TERMINAL_STATES = frozenset(
-    {JobState.DONE, JobState.FAILED, JobState.CANCELLED, JobState.ABANDONED, JobState.DROPPED}
-)
 
 # Stored specs were validated at enqueue under that side's limits; reading one back must
 # not refuse it because this process is configured with tighter ones.

@@ -1,4 +1,8 @@
-"""What operators look at: a job's status, the totals over all jobs, the spill lane."""
+"""What operators look at: a job's status, the totals over all jobs, the spill lane.
+
+RQ, httpx and the provider clients load only in the operations that use them: ``resumeq
+status`` is one of a shell loop's commands, and must not pay for them.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +11,18 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
-from resumeq import keys, outbox
+from resumeq import keys, states
 from resumeq.errors import ConfigError, JobNotFound, ProviderError, ResumeqError
 from resumeq.ledger import summary
 from resumeq.models import JobRecord, JobState
-from resumeq.providers import make_client
-from resumeq.providers.openai_responses import usage_of
-from resumeq.queueing import discard_attempt, listening_workers
-from resumeq.settings import Settings
 from resumeq.store import Store, decode, redis_errors
+
+if TYPE_CHECKING:
+    import httpx
+
+    from resumeq.settings import Settings
 
 
 def status_dict(store: Store, job_id: str) -> dict[str, Any]:
@@ -147,7 +150,7 @@ def stats(store: Store, provider: str | None = None) -> dict[str, Any]:
     }
 
 
-LIVE_STATES = ("queued", "running", "stalled", "spilled")
+LIVE_STATES = states.LIVE_STATES
 
 
 def list_jobs(
@@ -174,8 +177,7 @@ def list_jobs(
     return found[:limit]
 
 
-#: The most entries of the index of every job one listing of ended jobs reads by default.
-ENDED_SCAN_MAX = 1_000
+ENDED_SCAN_MAX = states.ENDED_SCAN_MAX
 _ENDED_BATCH = 250
 
 
@@ -404,6 +406,8 @@ def requeue_spilled(
     provider profile, a larger budget or another floor; its parked RQ job in the spill
     lane is replaced (the outbox does it, or the janitor if this process dies first).
     Answers the queue."""
+    from resumeq import outbox  # noqa: PLC0415
+
     record = store.get(job_id)
     store.requeue(
         job_id,
@@ -420,6 +424,8 @@ def requeue_spilled(
 def unserved(store: Store, queues: Iterable[str]) -> list[str]:
     """A warning for each of ``queues`` no live worker listens on: a job requeued there
     waits until one does (a reserved lane is a workflow, SPEC §10: warned, not refused)."""
+    from resumeq.queueing import listening_workers  # noqa: PLC0415
+
     with redis_errors("workers"):
         idle = [q for q in dict.fromkeys(queues) if listening_workers(store.redis, q) == 0]
     return [
@@ -430,6 +436,8 @@ def unserved(store: Store, queues: Iterable[str]) -> list[str]:
 
 
 def drop_spilled(store: Store, job_id: str, *, reason: str) -> None:
+    from resumeq.queueing import discard_attempt  # noqa: PLC0415
+
     record = store.get(job_id)
     store.drop(job_id, reason=reason)
     discard_attempt(store.redis, job_id, record.attempt + 1)
@@ -475,6 +483,10 @@ def stop_background_response(settings: Settings, provider: str, response_id: str
         return False
     if not profile.background:
         return False
+    import httpx  # noqa: PLC0415
+
+    from resumeq.providers import make_client  # noqa: PLC0415
+
     with httpx.Client() as http:
         return make_client(profile, http).cancel(response_id)
 
@@ -501,6 +513,11 @@ def release_background_response(
         return Released()
     if not profile.background:
         return Released()
+    import httpx  # noqa: PLC0415
+
+    from resumeq.providers import make_client  # noqa: PLC0415
+    from resumeq.providers.openai_responses import usage_of  # noqa: PLC0415
+
     own = http is None
     client = make_client(profile, http or httpx.Client())
     try:

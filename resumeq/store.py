@@ -57,9 +57,10 @@ from resumeq.spec import DEFAULT_LIMITS, JobSpec, Limits, parse_spec
 
 R = TypeVar("R")
 
-DEFAULT_QUEUE = "resumeq"
-#: The spill lane: an RQ queue that normal workers do not serve.
-SPILL_QUEUE = "resumeq-spill"
+#: The queue names (defined with the keys, so that a command line can name them without
+#: loading the store).
+DEFAULT_QUEUE = keys.DEFAULT_QUEUE
+SPILL_QUEUE = keys.SPILL_QUEUE
 #: How often a write is sent when Redis does not answer, and the pause before the first
 #: re-send (doubled each time).
 WRITE_TRIES = 3

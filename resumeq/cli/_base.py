@@ -1,5 +1,9 @@
 """What every ``resumeq`` command shares: the group and its options, the context they
-resolve to, one-line errors and JSON output."""
+resolve to, one-line errors and JSON output.
+
+Nothing here imports redis-py, RQ, pydantic or the store at load time: ``resumeq --help``
+and ``--version`` load only click and this package's command modules, and each command
+imports what it uses when it runs (tests/test_imports.py holds the budget)."""
 
 from __future__ import annotations
 
@@ -10,16 +14,15 @@ import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import click
-import redis
 
-from resumeq import audit
-from resumeq.connection import check_sentinel, parse_sentinel_url
 from resumeq.errors import ConfigError, JobNotFound, ResumeqError
-from resumeq.settings import Settings, load_settings
-from resumeq.store import Store, redis_errors
+
+if TYPE_CHECKING:
+    from resumeq.settings import Settings
+    from resumeq.store import Store
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -40,6 +43,8 @@ class Context:
     @property
     def settings(self) -> Settings:
         if self._settings is None:
+            from resumeq.settings import load_settings  # noqa: PLC0415
+
             settings = load_settings(redis_url=self._redis_url, config_path=self._config)
             _check_sentinels(settings.redis_url)
             self._settings = settings
@@ -48,6 +53,8 @@ class Context:
     @property
     def store(self) -> Store:
         if self._store is None:
+            from resumeq.store import Store  # noqa: PLC0415
+
             file = self.settings.file
             self._store = Store.from_url(
                 self.settings.redis_url, settings=file.store, limits=file.limits
@@ -62,6 +69,8 @@ class Context:
         except (KeyError, OSError):  # no login name in this environment
             who = f"unknown@{socket.gethostname()}"
         if jobs:
+            from resumeq import audit  # noqa: PLC0415
+
             audit.record(
                 self.store.redis,
                 who=who,
@@ -83,6 +92,10 @@ def _check_sentinels(url: str) -> None:
     """A Sentinel URL's deployment is asked once, at the start: what is wrong with it is
     one line naming which (no sentinel answers, no service of that name, a primary that
     refuses the credentials), not a traceback at the first command."""
+    import redis  # noqa: PLC0415
+
+    from resumeq.connection import check_sentinel, parse_sentinel_url  # noqa: PLC0415
+
     target = parse_sentinel_url(url)
     if target is None:
         return
@@ -101,6 +114,8 @@ def reports_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        from resumeq.store import redis_errors  # noqa: PLC0415
+
         try:
             with redis_errors(op):
                 return fn(*args, **kwargs)

@@ -1,4 +1,8 @@
-"""Commands on jobs: enqueue, status, tail, stats, cancel, purge."""
+"""Commands on jobs: enqueue, status, tail, stats, cancel, purge.
+
+Each command imports what it uses when it runs: registering them loads none of the store,
+redis-py, RQ or pydantic.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +14,11 @@ from typing import Any
 
 import click
 
-from resumeq import keys, ops
+from resumeq import keys
 from resumeq.cli._base import EXIT_ERROR, Context, _emit, cli, reports_errors
 from resumeq.cli.spill import parse_age
-from resumeq.client import Client
 from resumeq.errors import InvalidTransition, ProviderError, ResumeqError
-from resumeq.models import JobState
-from resumeq.producer import cancel_job, enqueue_job, purge_job
-from resumeq.store import DEFAULT_QUEUE
+from resumeq.states import ENDED_SCAN_MAX, LIVE_STATES, JobState
 
 #: States whose ``reason`` says why the job is in them; a running job's, or an ended
 #: one's that finished or failed, is left over from an earlier state.
@@ -97,6 +98,8 @@ def _status_lines(info: dict[str, Any]) -> list[str]:
 @reports_errors
 def status(obj: Context, job_id: str, as_json: bool) -> None:
     """Show a job: its state, cursor, revision, lease, text and ledger."""
+    from resumeq import ops  # noqa: PLC0415
+
     info = ops.status_dict(obj.store, job_id)
     if as_json:
         _emit(info)
@@ -154,12 +157,14 @@ def _spec_from_options(options: dict[str, Any]) -> dict[str, Any]:
 @click.option("--droppable/--no-droppable", default=None)
 @click.option("--max-attempts", type=int, default=None)
 @click.option("--idempotency-key", default=None)
-@click.option("--queue", default=DEFAULT_QUEUE, show_default=True)
+@click.option("--queue", default=keys.DEFAULT_QUEUE, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.pass_obj
 @reports_errors
 def enqueue(obj: Context, /, as_json: bool, queue: str, **options: Any) -> None:
     """Enqueue a generation job; prints its id."""
+    from resumeq.producer import enqueue_job  # noqa: PLC0415
+
     spec = _spec_from_options(options)
     providers = obj.settings.file.providers
     if providers and spec["provider"] not in providers:
@@ -178,6 +183,8 @@ def enqueue(obj: Context, /, as_json: bool, queue: str, **options: Any) -> None:
 @reports_errors
 def tail(obj: Context, job_id: str, after: int) -> None:
     """Print a job's text as it grows; exit when the job ends."""
+    from resumeq.client import Client  # noqa: PLC0415
+
     client = Client(obj.store.redis, settings=obj.store.settings, limits=obj.store.limits)
     for delta in client.follow(job_id, after=after):
         click.echo(delta.text, nl=False)
@@ -210,6 +217,8 @@ def stats(obj: Context, as_json: bool, provider: str | None, forget: str | None)
             raise click.UsageError("--forget-provider goes alone, without --provider")
         _forget_provider(obj, forget, as_json)
         return
+    from resumeq import ops  # noqa: PLC0415
+
     info = ops.stats(obj.store, provider)
     if as_json:
         _emit(info)
@@ -254,6 +263,9 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
 
     A job that had already ended is left as it was, and said so (``already_ended`` in the
     JSON, which is the job's status either way); the exit code is 0 both ways."""
+    from resumeq import ops  # noqa: PLC0415
+    from resumeq.producer import cancel_job  # noqa: PLC0415
+
     try:
         revision = cancel_job(obj.store, job_id, reason=reason)
         already_ended = False
@@ -285,6 +297,8 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
 def _stop_response(obj: Context, job_id: str) -> tuple[str | None, str | None]:
     """A cancelled job's background response stopped at the provider now (a janitor would
     do it at its next sweep): its id if it was stopped, and what went wrong if anything."""
+    from resumeq import ops  # noqa: PLC0415
+
     try:
         found = ops.response_of(obj.store.get(job_id))
         if found is not None and ops.stop_background_response(obj.settings, found[2], found[1]):
@@ -303,6 +317,8 @@ def _stop_response(obj: Context, job_id: str) -> tuple[str | None, str | None]:
 @reports_errors
 def purge(obj: Context, job_id: str, as_json: bool) -> None:
     """Remove a job and everything it owns now (a running job: cancel it first)."""
+    from resumeq.producer import purge_job  # noqa: PLC0415
+
     removed = purge_job(obj.store, job_id)
     obj.audit("purge", [job_id])
     if as_json:
@@ -312,7 +328,7 @@ def purge(obj: Context, job_id: str, as_json: bool) -> None:
 
 
 #: Every state, the live ones (each with an index of its own) first.
-_STATES = (*ops.LIVE_STATES, *sorted(s.value for s in JobState if s.terminal))
+_STATES = (*LIVE_STATES, *sorted(s.value for s in JobState if s.terminal))
 
 
 @cli.command("jobs")
@@ -334,7 +350,7 @@ _STATES = (*ops.LIVE_STATES, *sorted(s.value for s in JobState if s.terminal))
 @click.option(
     "--scan",
     type=click.IntRange(1, 1_000_000),
-    default=ops.ENDED_SCAN_MAX,
+    default=ENDED_SCAN_MAX,
     show_default=True,
     help="Ended states: the most entries of the index of every job read.",
 )
@@ -355,7 +371,9 @@ def jobs_command(
     """Jobs in a state, from an index (never a scan of Redis): a live state's own, longest
     there first; for an ended state, the index of every job, newest first, bounded by
     --scan and saying how much of it was read."""
-    if state in ops.LIVE_STATES:
+    from resumeq import ops  # noqa: PLC0415
+
+    if state in LIVE_STATES:
         if since is not None:
             raise click.BadParameter(
                 f"applies to ended states, not {state!r} (listed longest there first)",

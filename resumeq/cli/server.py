@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import click
 
 from resumeq.cli._base import Context, cli, reports_errors
-from resumeq.settings import Role
+
+if TYPE_CHECKING:
+    from resumeq.settings import Role
 
 
 @cli.command()

@@ -1,5 +1,6 @@
 """The spill lane from a shell: list (with filters), show, requeue and drop — one job or
-all that match — and export."""
+all that match — and export. Each command loads the operations (:mod:`resumeq.ops`) when it
+runs."""
 
 from __future__ import annotations
 
@@ -7,12 +8,14 @@ import functools
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from resumeq import ops
 from resumeq.cli._base import Context, _emit, cli, reports_errors
+
+if TYPE_CHECKING:
+    from resumeq import ops
 
 _AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -48,6 +51,8 @@ def _filters(fn: Callable[..., Any], *, provider_flag: str = "--provider") -> Ca
 
 def _where(reason: str | None, of_provider: str | None, queue: str | None,
            older_than: str | None) -> ops.SpillFilter:  # fmt: skip
+    from resumeq import ops  # noqa: PLC0415
+
     return ops.SpillFilter(
         reason=reason,
         provider=of_provider,
@@ -69,6 +74,8 @@ def spill() -> None:
 @reports_errors
 def spill_list(obj: Context, /, as_json: bool, limit: int | None, **filters: Any) -> None:
     """Spilled jobs, oldest first, with why they spilled."""
+    from resumeq import ops  # noqa: PLC0415
+
     entries = ops.spill_list(obj.store, _where(**filters), limit=limit)
     if as_json:
         click.echo(json.dumps(entries, ensure_ascii=False))  # SPEC §15: a list
@@ -88,6 +95,8 @@ def spill_list(obj: Context, /, as_json: bool, limit: int | None, **filters: Any
 @reports_errors
 def spill_show(obj: Context, job_id: str, as_json: bool) -> None:
     """A spilled job: why, the conversation it was asked, its partial text and ledger."""
+    from resumeq import ops  # noqa: PLC0415
+
     info = ops.spill_detail(obj.store, job_id)
     if as_json:
         _emit(info)
@@ -121,6 +130,8 @@ def _confirmed(
     obj: Context, verb: str, where: ops.SpillFilter, yes: bool, as_json: bool, *, to: str = ""
 ) -> bool:
     """Say how many jobs ``--all`` will touch (and where to), and ask (unless ``--yes``)."""
+    from resumeq import ops  # noqa: PLC0415
+
     count = len(ops.spilled_records(obj.store, where))
     if count == 0:
         if as_json:
@@ -167,6 +178,8 @@ def spill_requeue(
 ) -> None:
     """Send a spilled job (or --all that match) back to a queue, maybe another queue,
     provider or a larger budget."""
+    from resumeq import ops  # noqa: PLC0415
+
     if provider is not None and obj.settings.file.providers:
         obj.settings.profile(provider)
 
@@ -233,6 +246,8 @@ def spill_drop(
 ) -> None:
     """Give up on a spilled job (or --all that match); its partial text stays readable
     until it expires."""
+    from resumeq import ops  # noqa: PLC0415
+
     if _single(job_id, every, filters):
         assert job_id is not None
         ops.drop_spilled(obj.store, job_id, reason=why)
@@ -273,5 +288,7 @@ def _warn(warnings: list[str]) -> None:
 @reports_errors
 def spill_export(obj: Context, /, **filters: Any) -> None:
     """Spilled jobs that match as JSON lines: reason, conversation, partial text, ledger."""
+    from resumeq import ops  # noqa: PLC0415
+
     for line in ops.spill_export_lines(obj.store, _where(**filters)):
         click.echo(line, nl=False)

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import redis
 from rq.exceptions import DuplicateJobError
 
-from resumeq.context import context
 from resumeq.errors import ConfigError, ResumeqError
 from resumeq.models import JobRecord, JobState
 from resumeq.queueing import FAILURE_TTL_S, HOOK_FUNC, RESULT_TTL_S, hook_rq_id, rq_queue
@@ -110,6 +109,8 @@ def enqueue_hooks(connection: redis.Redis, record: JobRecord, *, queue: str | No
 
 def run_hook(job_id: str, name: str) -> str:
     """The RQ job of one hook (runs in a resumeq worker)."""
+    from resumeq.context import context  # noqa: PLC0415 - the worker's, loaded by it
+
     ctx = context()
     import_hook_modules(ctx.settings.file.worker.hook_modules)
     fn = _REGISTRY.get(name)

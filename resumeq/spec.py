@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     JsonValue,
-    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -35,7 +36,36 @@ PROMPT_HASH_VERSION = 1
 #: The floor of a job that gives none, unless its budget is under twice this.
 DEFAULT_FLOOR_TOKENS = 32
 
-_INT: TypeAdapter[int] = TypeAdapter(int)
+
+def json_integer(value: Any) -> Any:
+    """A JSON integer, as JSON Schema has it: an int, or a number with no fractional part
+    (``800.0`` is 800). Never a string, a boolean or a fraction: pydantic's lax mode would
+    take ``"800"`` and ``true``."""
+    if isinstance(value, bool):
+        raise ValueError("must be an integer, not a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value) and value.is_integer():
+            return int(value)
+        raise ValueError(f"must be an integer, got {value!r}")
+    if isinstance(value, str):
+        raise ValueError(f"must be an integer, not a string ({value[:40]!r})")
+    return value  # None where allowed; anything else is refused by the type
+
+
+def json_number(value: Any) -> Any:
+    """A JSON number: never a string or a boolean."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    if isinstance(value, str):
+        raise ValueError(f"must be a number, not a string ({value[:40]!r})")
+    return value
+
+
+#: Integer and number fields of a job spec, as strict as JSON is.
+JsonInt = Annotated[int, BeforeValidator(json_integer)]
+JsonFloat = Annotated[float, BeforeValidator(json_number)]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")
@@ -118,10 +148,10 @@ class GenerationParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    temperature: JsonFloat | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: JsonFloat | None = Field(default=None, gt=0.0, le=1.0)
     stop: tuple[str, ...] | None = Field(default=None, max_length=4)
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    seed: JsonInt | None = Field(default=None, ge=0, le=2**63 - 1)
 
     @field_validator("stop")
     @classmethod
@@ -139,7 +169,7 @@ class ExitPolicy(BaseModel):
     on_cut: Literal["resume", "abandon", "spill"] = "resume"
     #: A droppable job abandons (keeping its partial text) where a non-droppable one spills.
     droppable: bool = False
-    max_attempts: int = Field(default=5, ge=1, le=50)
+    max_attempts: JsonInt = Field(default=5, ge=1, le=50)
 
 
 class JobSpec(BaseModel):
@@ -157,14 +187,14 @@ class JobSpec(BaseModel):
     prompt: str | None = Field(default=None, validate_default=True)
     provider: str
     model: str
-    budget_tokens: int = Field(gt=0)
+    budget_tokens: JsonInt = Field(gt=0)
     #: The smallest remaining budget worth a continuation (SPEC §4): a cut job with less
     #: left takes its exit instead. ``1 <= floor_tokens < budget_tokens``, except that a
     #: floor of 1 fits every budget: it is no floor at all (any budget left is worth
     #: resuming), the only floor a budget of 1 can have. Not given, it is
     #: :func:`default_floor` of the budget (32, or half a smaller budget): a default never
     #: makes a request invalid, and an error about the floor means the caller set it.
-    floor_tokens: int = Field(default=DEFAULT_FLOOR_TOKENS, ge=1, validate_default=True)
+    floor_tokens: JsonInt = Field(default=DEFAULT_FLOOR_TOKENS, ge=1, validate_default=True)
     params: GenerationParams = GenerationParams()
     exit: ExitPolicy = ExitPolicy()
     idempotency_key: str | None = None
@@ -234,7 +264,7 @@ class JobSpec(BaseModel):
     def _check_budget(cls, v: int, info: ValidationInfo) -> int:
         limit = _limits(info).max_budget_tokens
         if v > limit:
-            raise ValueError(f"must be at most {limit}, got {v}")
+            raise ValueError(f"must be at most {limit}, got {v if v < 10**15 else f'{v:.3g}'}")
         return v
 
     @model_validator(mode="before")
@@ -245,8 +275,10 @@ class JobSpec(BaseModel):
         if not isinstance(data, Mapping) or "floor_tokens" in data:
             return data
         try:
-            budget = _INT.validate_python(data.get("budget_tokens"))
-        except ValidationError:
+            budget = json_integer(data.get("budget_tokens"))
+        except ValueError:
+            return data
+        if not isinstance(budget, int):
             return data
         return {**data, "floor_tokens": default_floor(budget)} if budget > 0 else data
 

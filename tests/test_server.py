@@ -429,6 +429,16 @@ def test_the_role_matrix(api: Api) -> None:
             "budget_tokens",
         ),
         (
+            b'{"prompt": "x", "provider": "fake", "model": "m", "budget_tokens": "800"}',
+            422,
+            "budget_tokens",
+        ),
+        (
+            b'{"prompt": "x", "provider": "fake", "model": "m", "budget_tokens": 1e30}',
+            422,
+            "budget_tokens",
+        ),
+        (
             b'{"prompt": "x", "provider": "fake", "model": "m", "budget_tokens": 5,'
             b' "base_url": "http://evil"}',
             422,

@@ -58,6 +58,17 @@ INVALID: list[tuple[str, dict[str, Any]]] = [
     ("budget_tokens", {"budget_tokens": 1001}),
     ("budget_tokens", {"budget_tokens": "lots"}),
     ("budget_tokens", {"budget_tokens": DROP}),
+    # JSON's types, strictly: a string, a boolean or a fraction is no integer
+    ("budget_tokens", {"budget_tokens": "800"}),
+    ("budget_tokens", {"budget_tokens": 800.5}),
+    ("budget_tokens", {"budget_tokens": True}),
+    ("budget_tokens", {"budget_tokens": 1e30}),
+    ("floor_tokens", {"floor_tokens": "10"}),
+    ("exit.max_attempts", {"exit": {"max_attempts": "3"}}),
+    ("params.seed", {"params": {"seed": "7"}}),
+    ("params.seed", {"params": {"seed": 7.5}}),
+    ("params.temperature", {"params": {"temperature": "0.5"}}),
+    ("params.top_p", {"params": {"top_p": True}}),
     ("floor_tokens", {"floor_tokens": 500}),
     ("floor_tokens", {"floor_tokens": 900}),
     ("floor_tokens", {"floor_tokens": 0}),
@@ -167,11 +178,37 @@ def test_an_explicit_floor_of_one_fits_any_budget() -> None:
     assert parse_spec(valid(budget_tokens=2, floor_tokens=1)).floor_tokens == 1
 
 
-@pytest.mark.parametrize("budget", [0, -5, 1001, "lots", DROP])
+@pytest.mark.parametrize("budget", [0, -5, 1001, "lots", "800", 800.5, False, 1e30, DROP])
 def test_a_bad_budget_is_the_only_error_when_no_floor_was_given(budget: object) -> None:
     with pytest.raises(InvalidSpec) as info:
         parse_spec(valid(budget_tokens=budget), limits=SMALL)
     assert info.value.fields == ("budget_tokens",), info.value
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("800", "budget_tokens: must be an integer, not a string ('800')"),
+        (800.5, "budget_tokens: must be an integer, got 800.5"),
+        (True, "budget_tokens: must be an integer, not a boolean"),
+        (1e30, "budget_tokens: must be at most 1000, got 1e+30"),
+    ],
+)
+def test_a_budget_that_is_no_json_integer_is_named_for_what_it_is(
+    value: object, message: str
+) -> None:
+    with pytest.raises(InvalidSpec) as info:
+        parse_spec(valid(budget_tokens=value), limits=SMALL)
+    assert message in str(info.value)
+
+
+def test_an_integral_number_is_an_integer_as_json_schema_has_it() -> None:
+    spec = parse_spec(
+        valid(budget_tokens=800.0, floor_tokens=40.0, params={"seed": 7.0, "temperature": 1}),
+    )
+    assert (spec.budget_tokens, spec.floor_tokens, spec.params.seed) == (800, 40, 7)
+    assert type(spec.budget_tokens) is int and spec.params.temperature == 1.0
+    assert parse_spec(valid(budget_tokens=500.0)) == parse_spec(valid())  # the same spec
 
 
 # -- prompt hash -------------------------------------------------------------------------

@@ -923,7 +923,11 @@ def test_openapi_names_every_route_and_the_job_spec(api: Api) -> None:
     assert served == documented
     spec = doc["components"]["schemas"]["JobSpec"]
     assert {"provider", "model", "budget_tokens"} <= set(spec["properties"])
-    assert api.as_(None).get("/openapi.json").status_code == 401
+    missing = api.as_(None).get("/openapi.json")
+    assert missing.status_code == 401 and "401" in doc["paths"]["/openapi.json"]["get"]["responses"]
+    # every role reads it: a producer's developer with the token it was given
+    for who in ("web", "ops"):
+        assert api.as_(who).get("/openapi.json").json() == doc, who
 
 
 def test_serve_with_several_processes_answers_from_each(api: Api, tmp_path: Path) -> None:

@@ -158,8 +158,9 @@ def _document() -> dict[str, Any]:
                                  "responses": {"200": {"description": "metrics", "content": {
                                      "text/plain": {"schema": {"type": "string"}}}},
                                      **_problems(401, 403, 503)}}},
-            "/openapi.json": {"get": {"summary": "This document",
-                                      "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+            "/openapi.json": {"get": {"summary": "This document (any role's token)",
+                                      "responses": {"200": {"description": "OpenAPI 3.1"},
+                                                    **_problems(401)}}},
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},

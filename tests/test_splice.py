@@ -385,6 +385,18 @@ def engine_answer(sc: Scenario, prefix: str, rest: str, sent: str) -> tuple[list
     return pieces, rest
 
 
+def starts_like_an_echo(rest: str, sent: str) -> bool:
+    """The engine was said to echo, and the text starts like one: after the white space a
+    trimmed prefix left to it, which an echo may differ in — or as an echo is matched,
+    white space runs taken as one (text that repeats itself, "la la la, la la la,  it",
+    reads as a partial echo)."""
+    if rest.lstrip().startswith(sent[:PARTIAL_ECHO_MIN].lstrip()):
+        return True
+    match = EchoMatch(sent)
+    match.advance(rest[: len(sent) + PARTIAL_ECHO_MIN], final=False)
+    return match.j >= PARTIAL_ECHO_MIN
+
+
 def ambiguous(sc: Scenario, prefix: str, rest: str, sent: str, first: str) -> bool:
     """The cases no rule can tell apart, each documented in resumeq/splice.py."""
     echoing = sc.policy != "no" and sc.echo_style != "none"
@@ -397,9 +409,7 @@ def ambiguous(sc: Scenario, prefix: str, rest: str, sent: str, first: str) -> bo
         if sc.policy == "auto" and sc.mode in EXACT_MODES:
             # A first piece that holds the whole sent text reads as an echo.
             return EchoMatch(sent).advance(first, final=False) == "complete"
-        if sc.policy == "yes" and rest.lstrip().startswith(sent[:PARTIAL_ECHO_MIN].lstrip()):
-            # The engine was said to echo, and the text starts like one — after the white
-            # space a trimmed prefix left to it, which an echo may differ in.
+        if sc.policy == "yes" and starts_like_an_echo(rest, sent):
             return True
         if rest.startswith(sent) and len(sent) >= DEFAULT_MIN_OVERLAP:
             return True

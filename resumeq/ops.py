@@ -167,18 +167,36 @@ def list_jobs(
         if not ids:
             break
         offset += len(ids)
-        for job_id in ids:
-            try:
-                record = store.get(job_id)
-            except JobNotFound:
-                continue  # ended or purged since the index was read
+        for record in _records(store, ids):
             if queue is None or record.queue == queue:
                 found.append(job_entry(record))
     return found[:limit]
 
 
-ENDED_SCAN_MAX = states.ENDED_SCAN_MAX
 _ENDED_BATCH = 250
+
+
+def newest_before(
+    store: Store, index: str, top: tuple[int, str] | None, count: int
+) -> list[tuple[str, int]]:
+    """Up to ``count`` entries (id, score) of the sorted set ``index`` after ``top`` in
+    newest-first order (same-score entries ordered by id, descending): a position that
+    holds while entries are added, as an offset would not."""
+    redis = store.redis
+    with redis_errors("jobs"):
+        if top is None:
+            raw: Any = redis.zrevrange(index, 0, count - 1, withscores=True)
+            return [(decode(m), int(s)) for m, s in raw]
+        score, job_id = top
+        # Same score first (the ids below job_id), then lower scores.
+        raw = redis.zrevrangebyscore(index, score, score, withscores=True)
+        same = [(decode(m), int(s)) for m, s in raw if decode(m) < job_id]
+        if len(same) >= count:
+            return same[:count]
+        raw = redis.zrevrangebyscore(
+            index, f"({score}", "-inf", start=0, num=count - len(same), withscores=True
+        )
+        return same + [(decode(m), int(s)) for m, s in raw]
 
 
 @dataclass
@@ -199,7 +217,7 @@ def list_ended(
     queue: str | None = None,
     limit: int = 100,
     since_ms: int | None = None,
-    scan_max: int = ENDED_SCAN_MAX,
+    scan_max: int = states.ENDED_SCAN_MAX,
 ) -> EndedJobs:
     """Jobs in a terminal state, newest first, read from the index of every job: at most
     ``scan_max`` entries of it (an ended state has no index of its own), a few fields of
@@ -210,39 +228,44 @@ def list_ended(
         raise ValueError(f"limit and scan_max must be > 0, got {limit} and {scan_max}")
     out = EndedJobs()
     matched: list[str] = []
+    top: tuple[int, str] | None = None
     while len(matched) < limit and out.examined < scan_max:
-        count = min(_ENDED_BATCH, scan_max - out.examined)
-        with redis_errors("jobs"):
-            ids = [decode(m) for m in store.redis.zrevrange(keys.JOBS, out.examined,
-                                                             out.examined + count - 1)]  # fmt: skip
-            if not ids:
-                return _whole(store, matched, out)
-            with store.redis.pipeline(transaction=False) as pipe:
-                for job_id in ids:
-                    pipe.hmget(keys.job(job_id), "state", "queue", "finished_ms", "updated_ms")
-                rows = pipe.execute()
-        for job_id, (got, lane, finished, updated) in zip(ids, rows, strict=True):
+        batch = newest_before(store, keys.JOBS, top, min(_ENDED_BATCH, scan_max - out.examined))
+        if not batch:
+            break
+        with redis_errors("jobs"), store.redis.pipeline(transaction=False) as pipe:
+            for job_id, _ in batch:
+                pipe.hmget(keys.job(job_id), "state", "queue", "finished_ms", "updated_ms")
+            rows = pipe.execute()
+        for (job_id, score), row in zip(batch, rows, strict=True):
             out.examined += 1
-            if got is None or decode(got) != state or (queue and decode(lane or b"") != queue):
-                continue
-            ended_ms = int(finished or updated or 0)
-            if since_ms is not None and ended_ms < since_ms:
-                continue
-            matched.append(job_id)
-            if len(matched) == limit:
-                break
-    with redis_errors("jobs"):
-        out.more = store.redis.zcard(keys.JOBS) > out.examined
-    return _whole(store, matched, out)
-
-
-def _whole(store: Store, job_ids: list[str], out: EndedJobs) -> EndedJobs:
-    for job_id in job_ids:
-        try:
-            out.jobs.append(job_entry(store.get(job_id)))
-        except JobNotFound:
-            continue  # expired or purged since the index was read
+            top = (score, job_id)
+            if _ended_as(row, state, queue, since_ms):
+                matched.append(job_id)
+                if len(matched) == limit:
+                    break
+    out.more = top is not None and bool(newest_before(store, keys.JOBS, top, 1))
+    out.jobs = [job_entry(record) for record in _records(store, matched)]
     return out
+
+
+def _records(store: Store, job_ids: list[str]) -> Iterator[JobRecord]:
+    """The jobs of ``job_ids`` still there (one may have expired or been purged since
+    an index named it)."""
+    for job_id in job_ids:
+        with contextlib.suppress(JobNotFound):
+            yield store.get(job_id)
+
+
+def _ended_as(row: list[Any], state: str, queue: str | None, since_ms: int | None) -> bool:
+    """Whether a job's (state, queue, finished_ms, updated_ms) are what is listed."""
+    got, lane, finished, updated = row
+    return (
+        got is not None
+        and decode(got) == state
+        and (queue is None or decode(lane or b"") == queue)
+        and (since_ms is None or int(finished or updated or 0) >= since_ms)
+    )
 
 
 def job_entry(record: JobRecord) -> dict[str, Any]:
@@ -421,17 +444,21 @@ def requeue_spilled(
     return queue or record.queue
 
 
-def unserved(store: Store, queues: Iterable[str]) -> list[str]:
-    """A warning for each of ``queues`` no live worker listens on: a job requeued there
+def idle_queues(store: Store, queues: Iterable[str]) -> list[str]:
+    """Those of ``queues`` (each once) no live worker listens on: a job requeued there
     waits until one does (a reserved lane is a workflow, SPEC §10: warned, not refused)."""
     from resumeq.queueing import listening_workers  # noqa: PLC0415
 
     with redis_errors("workers"):
-        idle = [q for q in dict.fromkeys(queues) if listening_workers(store.redis, q) == 0]
+        return [q for q in dict.fromkeys(queues) if listening_workers(store.redis, q) == 0]
+
+
+def unserved(store: Store, queues: Iterable[str]) -> list[str]:
+    """A warning for each of :func:`idle_queues`."""
     return [
         f"no live worker listens on queue {q!r}: its jobs wait there until one does "
         f"(resumeq worker --queues {q})"
-        for q in idle
+        for q in idle_queues(store, queues)
     ]
 
 

@@ -8,8 +8,6 @@ import hashlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.routing import Route
+from test_cli import run
 
 from resumeq import keys
 from resumeq.fake import FakeProvider
@@ -362,14 +361,7 @@ def test_cancelling_an_ended_job_answers_alike_over_http_and_in_the_cli(api: Api
     api.wait_state(job["id"], {"done"})
     over_http = api.as_("ops").post(f"/v1/jobs/{job['id']}/cancel")
     assert over_http.status_code == 200, over_http.text
-    cli = subprocess.run(
-        [sys.executable, "-m", "resumeq", "cancel", job["id"], "--json"],
-        env=api.cluster.env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    cli = run("cancel", job["id"], "--json", url=api.cluster.env["RESUMEQ_REDIS_URL"])
     assert cli.returncode == 0, cli.stderr
     from_cli = json.loads(cli.stdout)
     for answer in (over_http.json(), from_cli):

@@ -13,7 +13,7 @@ from rq import Queue, Worker
 
 from resumeq import keys
 from resumeq.models import JobState
-from resumeq.ops import TOTAL_FIELDS, stats, status_dict
+from resumeq.ops import TOTAL_FIELDS, newest_before, stats, status_dict
 from resumeq.store import SPILL_QUEUE, Store, decode, redis_errors
 
 #: States whose jobs have an index of their own (the rest are found through every job's).
@@ -115,7 +115,7 @@ def jobs_page(
     top: tuple[int, str] | None = before
     while len(page.rows) < limit and page.examined < SCAN_MAX:
         want = min(BATCH if filtered else limit - len(page.rows), SCAN_MAX - page.examined)
-        batch = _before(store, index, top, want)
+        batch = newest_before(store, index, top, want)
         if not batch:
             page.next = None
             return page
@@ -135,30 +135,8 @@ def jobs_page(
         if gone and index == keys.JOBS:
             with redis_errors("jobs"):
                 store.redis.zrem(keys.JOBS, *gone)  # expired: forgotten
-    page.next = top if top is not None and _before(store, index, top, 1) else None
+    page.next = top if top is not None and newest_before(store, index, top, 1) else None
     return page
-
-
-def _before(
-    store: Store, index: str, top: tuple[int, str] | None, count: int
-) -> list[tuple[str, int]]:
-    """Up to ``count`` entries of ``index`` after ``top`` in newest-first order (same-score
-    entries ordered by id, descending)."""
-    redis = store.redis
-    with redis_errors("jobs"):
-        if top is None:
-            raw: Any = redis.zrevrange(index, 0, count - 1, withscores=True)
-            return [(decode(m), int(s)) for m, s in raw]
-        score, job_id = top
-        # Same score first (the ids below job_id), then lower scores.
-        raw = redis.zrevrangebyscore(index, score, score, withscores=True)
-        same = [(decode(m), int(s)) for m, s in raw if decode(m) < job_id]
-        if len(same) >= count:
-            return same[:count]
-        raw = redis.zrevrangebyscore(
-            index, f"({score}", "-inf", start=0, num=count - len(same), withscores=True
-        )
-        return same + [(decode(m), int(s)) for m, s in raw]
 
 
 #: The fields a row of the job list needs.

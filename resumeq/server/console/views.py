@@ -38,10 +38,10 @@ from resumeq.ops import (
     SPILL_SCAN_MAX,
     SpillFilter,
     drop_spilled,
+    idle_queues,
     requeue_spilled,
     spill_export_lines,
     spill_page,
-    unserved,
 )
 from resumeq.producer import cancel_job
 from resumeq.server import sse
@@ -452,13 +452,8 @@ class Console:
             "requeued" if action == "requeue" else "dropped",
             n=len(done),
             skipped=len(skipped),
-            idle=await self.idle_queues(sent_to),
+            idle=await svc.run(idle_queues, svc.store, sent_to),
         )
-
-    async def idle_queues(self, queues: list[str]) -> list[str]:
-        """Those of ``queues`` no live worker listens on (the banner says so)."""
-        said = await self.svc.run(unserved, self.svc.store, queues)
-        return [q for q in dict.fromkeys(queues) if any(repr(q) in line for line in said)]
 
     def target(self, form: FormData) -> tuple[str | None, str | None]:
         """Where a requeue sends jobs: a queue (not the spill lane) and a known provider."""
@@ -507,7 +502,8 @@ class Console:
         changes = {"to": to, "provider": provider, "budget": budget, "floor": floor}
         detail = " ".join(f"{k}={v}" for k, v in changes.items() if v is not None)
         await svc.run(self.audit, who, "edit+requeue", [job_id], detail)
-        return _back(f"/console/jobs/{job_id}", "edited", idle=await self.idle_queues([queue]))
+        idle = await svc.run(idle_queues, svc.store, [queue])
+        return _back(f"/console/jobs/{job_id}", "edited", idle=idle)
 
     # -- routes ------------------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ def due_stop(token: str) -> str:
 
 def check_job_id(job_id: str) -> str:
     """Return ``job_id`` if it is a well-formed job id, else raise ``ValueError``."""
-    if not JOB_ID_RE.match(job_id):
+    if not JOB_ID_RE.fullmatch(job_id):
         raise ValueError(f"malformed job id {job_id!r}")
     return job_id
 
@@ -132,7 +132,7 @@ def job_keys(job_id: str) -> tuple[str, str, str, str, str, str]:
 
 def idempotency(key: str) -> str:
     """Idempotency key → ``<job id>:<prompt hash>``; it expires with its job."""
-    if not IDEMPOTENCY_KEY_RE.match(key):
+    if not IDEMPOTENCY_KEY_RE.fullmatch(key):
         raise ValueError(f"malformed idempotency key {key!r}")
     return f"{PREFIX}:idem:{key}"
 

@@ -55,7 +55,7 @@ def attempt_rq_id(job_id: str, attempt: int) -> str:
 def attempt_of(rq_id: str) -> tuple[str, int] | None:
     """The job id and attempt an attempt's RQ job id names, or None (another RQ job)."""
     job_id, sep, attempt = rq_id.rpartition("-a")
-    if not sep or not attempt.isdigit() or not keys.JOB_ID_RE.match(job_id):
+    if not sep or not attempt.isdigit() or not keys.JOB_ID_RE.fullmatch(job_id):
         return None
     return job_id, int(attempt)
 

@@ -63,26 +63,53 @@ def json_number(value: Any) -> Any:
     return value
 
 
-#: Integer and number fields of a job spec, as strict as JSON is.
+def json_boolean(value: Any) -> Any:
+    """A JSON boolean: ``true`` or ``false``, never 0, 1 or a string such as ``"yes"``
+    (which pydantic's lax mode would read as one)."""
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"must be true or false, not {type(value).__name__} {str(value)[:40]!r}")
+
+
+#: Integer, number and boolean fields of a job spec, as strict as JSON is.
 JsonInt = Annotated[int, BeforeValidator(json_integer)]
 JsonFloat = Annotated[float, BeforeValidator(json_number)]
+JsonBool = Annotated[bool, BeforeValidator(json_boolean)]
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-_MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$")
-_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://|^//|^www\.", re.IGNORECASE)
-_SECRET_RES = (
-    re.compile(r"\bsk-[A-Za-z0-9_-]{16,}"),  # OpenAI, Anthropic (sk-ant-…), DeepSeek
-    re.compile(r"\bAKIA[0-9A-Z]{16}\b"),  # AWS access key id
-    re.compile(r"\bAIza[0-9A-Za-z_-]{30,}"),  # Google API key
-    re.compile(r"\b(?:ghp|gho|ghs|github_pat)_[A-Za-z0-9_]{20,}"),  # GitHub tokens
-    re.compile(r"\bxox[abprs]-[A-Za-z0-9-]{10,}"),  # Slack tokens
-    re.compile(r"\bhf_[A-Za-z0-9]{20,}"),  # Hugging Face tokens
-    re.compile(r"^\s*(?:bearer|basic)\s+\S{8,}", re.IGNORECASE),  # an Authorization header
+#: The patterns a spec's identifiers are held to, written once for Python's ``re`` and for
+#: the JSON Schema (ECMA 262) the HTTP API publishes (:mod:`resumeq.server.openapi`): no
+#: flags, no look-behind, explicit character classes where the two engines read a shorthand
+#: differently (``\s``), and ``\b`` read as ASCII by both (compiled with ``re.ASCII``).
+#: Anchored ones are matched whole (``fullmatch``: Python's ``$`` would also match before a
+#: final newline).
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$"
+#: White space as ``str.isspace`` has it (what ``str.strip`` removes), spelled out.
+SPACE_CLASS = r"\t\n\x0b\x0c\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+#: Something other than white space: a prompt is not empty.
+NOT_BLANK_PATTERN = f"[^{SPACE_CLASS}]"
+URL_PATTERN = f"^[{SPACE_CLASS}]*(?:[A-Za-z][A-Za-z0-9+.-]*://|//|[Ww][Ww][Ww]\\.)"
+SECRET_PATTERNS = (
+    r"\bsk-[A-Za-z0-9_-]{16,}",  # OpenAI, Anthropic (sk-ant-…), DeepSeek
+    r"\bAKIA[0-9A-Z]{16}\b",  # AWS access key id
+    r"\bAIza[0-9A-Za-z_-]{30,}",  # Google API key
+    r"\b(?:ghp|gho|ghs|github_pat)_[A-Za-z0-9_]{20,}",  # GitHub tokens
+    r"\bxox[abprs]-[A-Za-z0-9-]{10,}",  # Slack tokens
+    r"\bhf_[A-Za-z0-9]{20,}",  # Hugging Face tokens
+    # an Authorization header
+    f"^[{SPACE_CLASS}]*(?:[Bb][Ee][Aa][Rr][Ee][Rr]|[Bb][Aa][Ss][Ii][Cc])[{SPACE_CLASS}]+"
+    f"[^{SPACE_CLASS}]{{8,}}",
 )
+
+_NAME_RE = re.compile(NAME_PATTERN)
+_MODEL_RE = re.compile(MODEL_PATTERN)
+_NOT_BLANK_RE = re.compile(NOT_BLANK_PATTERN)
+_URL_RE = re.compile(URL_PATTERN, re.ASCII)
+_SECRET_RES = tuple(re.compile(p, re.ASCII) for p in SECRET_PATTERNS)
 
 
 def looks_like_url(value: str) -> bool:
-    return bool(_URL_RE.search(value.strip()))
+    return bool(_URL_RE.search(value))
 
 
 def looks_like_secret(value: str) -> bool:
@@ -168,7 +195,7 @@ class ExitPolicy(BaseModel):
 
     on_cut: Literal["resume", "abandon", "spill"] = "resume"
     #: A droppable job abandons (keeping its partial text) where a non-droppable one spills.
-    droppable: bool = False
+    droppable: JsonBool = False
     max_attempts: JsonInt = Field(default=5, ge=1, le=50)
 
 
@@ -198,8 +225,8 @@ class JobSpec(BaseModel):
     params: GenerationParams = GenerationParams()
     exit: ExitPolicy = ExitPolicy()
     idempotency_key: str | None = None
-    require_exact_counts: bool = False
-    byte_exact: bool = False
+    require_exact_counts: JsonBool = False
+    byte_exact: JsonBool = False
     metadata: dict[str, JsonValue] = Field(default_factory=dict, validate_default=True)
     hooks: tuple[str, ...] = ()
 
@@ -234,7 +261,7 @@ class JobSpec(BaseModel):
             return v
         if has_messages:
             raise ValueError("give either messages or prompt, not both")
-        if not v.strip():
+        if not _NOT_BLANK_RE.search(v):
             raise ValueError("must not be empty")
         limits = _limits(info)
         size = len(v.encode("utf-8"))
@@ -247,7 +274,7 @@ class JobSpec(BaseModel):
     def _check_provider(cls, v: str) -> str:
         what = "the name of a provider profile configured on the workers"
         _refuse_url_or_secret(v, what)
-        if not _NAME_RE.match(v):
+        if not _NAME_RE.fullmatch(v):
             raise ValueError(f"must be {what} (letters, digits, '_', '.', '-'; up to 64)")
         return v
 
@@ -255,7 +282,7 @@ class JobSpec(BaseModel):
     @classmethod
     def _check_model(cls, v: str) -> str:
         _refuse_url_or_secret(v, "a model name")
-        if not _MODEL_RE.match(v):
+        if not _MODEL_RE.fullmatch(v):
             raise ValueError("must be a model name (no white space; up to 200 characters)")
         return v
 
@@ -298,7 +325,7 @@ class JobSpec(BaseModel):
         if v is None:
             return v
         _refuse_url_or_secret(v, "an opaque key")
-        if not IDEMPOTENCY_KEY_RE.match(v):
+        if not IDEMPOTENCY_KEY_RE.fullmatch(v):
             raise ValueError("must be 1 to 200 characters from [A-Za-z0-9_.:@/+=-]")
         return v
 
@@ -324,7 +351,7 @@ class JobSpec(BaseModel):
             raise ValueError(f"at most {limit} hooks, got {len(v)}")
         for name in v:
             _refuse_url_or_secret(name, "the name of a hook registered on the workers")
-            if not _NAME_RE.match(name):
+            if not _NAME_RE.fullmatch(name):
                 raise ValueError(f"hook name {name[:70]!r} must match {_NAME_RE.pattern}")
         if len(set(v)) != len(v):
             raise ValueError("names a hook twice")

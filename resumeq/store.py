@@ -72,7 +72,9 @@ MAX_PROVIDER_SERIES = 200
 #: revision durable for the followers.
 REPLICATED = frozenset(("flush", "finish", "release", "cancel", "fail", "drop", "requeue"))
 
-_QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+#: A queue name (the HTTP API's OpenAPI document states the same).
+QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+_QUEUE_RE = re.compile(QUEUE_PATTERN)
 _OWNER_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,100}$")
 
 
@@ -111,7 +113,7 @@ def _pairs(flat: list[Any]) -> dict[str, str]:
 
 
 def check_queue(name: str) -> str:
-    if not _QUEUE_RE.match(name):
+    if not _QUEUE_RE.fullmatch(name):
         raise ValueError(f"malformed queue name {name!r}")
     return name
 
@@ -121,7 +123,7 @@ def _spilled_page(r: redis.Redis, *, low: int | str, start: int, count: int) -> 
 
 
 def _check_owner(name: str) -> str:
-    if not _OWNER_RE.match(name):
+    if not _OWNER_RE.fullmatch(name):
         raise ValueError(f"malformed worker or janitor id {name!r}")
     return name
 

@@ -31,6 +31,7 @@ from resumeq.ledger import AttemptRecord
 from resumeq.producer import enqueue_job
 from resumeq.server import create_app
 from resumeq.settings import Settings
+from resumeq.spec import JobSpec
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, Proc, wait_for, write_config
@@ -336,6 +337,9 @@ def test_idempotency_key_same_body_same_job_other_body_422(api: Api) -> None:
     assert other.status_code == 422
     assert other.headers["content-type"] == "application/problem+json"
     assert other.json()["errors"][0]["field"] == "Idempotency-Key"
+    # The draft's quoted string is the same key.
+    quoted = api.as_("web").post("/v1/jobs", json=spec, headers={"Idempotency-Key": '"order-1842"'})
+    assert quoted.status_code == 200 and quoted.json()["id"] == first.json()["id"]
     # Another producer's same key is its own: a new job, never the first one's.
     theirs = api.as_("other").post("/v1/jobs", json=spec, headers=headers)
     assert theirs.status_code == 201 and theirs.json()["id"] != first.json()["id"]
@@ -478,15 +482,25 @@ def test_sizes_ids_revisions_and_media_types(api: Api) -> None:
     job = api.create("Revisions.", budget_tokens=30)
     api.wait_state(job["id"], {"done"})
     revision = api.store.get(job["id"]).revision
-    for headers, params, name in (
-        ({"Last-Event-ID": "abc"}, {}, "Last-Event-ID"),
-        ({}, {"after": "-1"}, "after"),
-        ({"Last-Event-ID": str(revision + 5)}, {}, "Last-Event-ID"),
+    for headers, params, name, status in (
+        ({"Last-Event-ID": "abc"}, {}, "Last-Event-ID", 400),
+        ({"Last-Event-ID": "7.0"}, {}, "Last-Event-ID", 400),
+        ({}, {"after": "-1"}, "after", 400),
+        ({}, {"after": " 3"}, "after", 400),
+        # well formed, but past the job's last revision: its state does not allow it
+        ({"Last-Event-ID": str(revision + 5)}, {}, "Last-Event-ID", 409),
+        ({}, {"after": str(revision + 1)}, "after", 409),
     ):
         response = web.get(f"/v1/jobs/{job['id']}/events", headers=headers, params=params)
-        assert response.status_code == 400, (headers, params)
+        assert response.status_code == status, (headers, params)
         assert response.json()["errors"][0]["field"] == name
-    assert web.post("/v1/jobs", json={}, headers={"Idempotency-Key": "sp ace"}).status_code == 400
+    # An empty Last-Event-ID is none (the SSE standard's reset): the whole text again.
+    whole, ended = read_events(api, job["id"], last_event_id="")
+    assert ended and text_of(whole) == api.store.snapshot(job["id"])[1] != ""
+    for key in ("sp ace", '"unclosed', "sk-aaaaaaaaaaaaaaaaaaaa", "//host/path", '""'):
+        refused = web.post("/v1/jobs", json={}, headers={"Idempotency-Key": key})
+        assert refused.status_code == 400, key
+        assert refused.json()["errors"][0]["field"] == "Idempotency-Key", key
     wrong = web.put(f"/v1/jobs/{job['id']}")
     assert wrong.status_code == 405 and set(wrong.headers["allow"].split(", ")) >= {"GET", "DELETE"}
     assert wrong.headers["content-type"] == "application/problem+json"
@@ -904,7 +918,7 @@ def test_openapi_names_every_route_and_the_job_spec(api: Api) -> None:
         (route.path, method.lower())
         for route in app.routes
         if isinstance(route, Route) and not route.path.startswith("/console")  # pages
-        for method in (route.methods or ()) - {"HEAD"}
+        for method in (route.methods or ()) - {"HEAD", "OPTIONS"}  # implicit, both
     }
     documented = {
         (path, method)
@@ -914,7 +928,17 @@ def test_openapi_names_every_route_and_the_job_spec(api: Api) -> None:
     }
     assert served == documented
     spec = doc["components"]["schemas"]["JobSpec"]
-    assert {"provider", "model", "budget_tokens"} <= set(spec["properties"])
+    # every field of the model, and no other
+    assert set(spec["properties"]) == set(JobSpec.model_fields)
+    # what this server creates jobs for: its configured profiles, its queues
+    assert spec["properties"]["provider"]["enum"] == ["fake", "fake-reserved"]
+    create = doc["paths"]["/v1/jobs"]["post"]
+    (queue,) = [p for p in create["parameters"] if p["name"] == "queue"]
+    assert queue["schema"]["enum"] == ["resumeq"]
+    limits = Settings().file.limits
+    assert spec["properties"]["budget_tokens"]["maximum"] == limits.max_budget_tokens
+    events = doc["paths"]["/v1/jobs/{job_id}/events"]["get"]["responses"]["200"]
+    assert set(events["content"]) == {"text/event-stream"}
     missing = api.as_(None).get("/openapi.json")
     assert missing.status_code == 401 and "401" in doc["paths"]["/openapi.json"]["get"]["responses"]
     # every role reads it: a producer's developer with the token it was given

@@ -69,6 +69,16 @@ INVALID: list[tuple[str, dict[str, Any]]] = [
     ("params.seed", {"params": {"seed": 7.5}}),
     ("params.temperature", {"params": {"temperature": "0.5"}}),
     ("params.top_p", {"params": {"top_p": True}}),
+    # booleans are true or false: never 0, 1 or "yes"
+    ("byte_exact", {"byte_exact": 0}),
+    ("require_exact_counts", {"require_exact_counts": "true"}),
+    ("exit.droppable", {"exit": {"droppable": 1}}),
+    # an identifier is matched whole: not even a final newline
+    ("model", {"model": "gpt-4\n"}),
+    ("provider", {"provider": "fake\n"}),
+    ("hooks", {"hooks": ["audit\n"]}),
+    ("prompt", {"messages": DROP, "prompt": "\u3000\x1c\n"}),
+    ("model", {"model": "WWW.example.com"}),
     ("floor_tokens", {"floor_tokens": 500}),
     ("floor_tokens", {"floor_tokens": 900}),
     ("floor_tokens", {"floor_tokens": 0}),

@@ -66,11 +66,17 @@ from resumeq.server.auth import (
 from resumeq.server.console import Console
 from resumeq.server.cors import Cors, preflight
 from resumeq.server.follow import FollowTokens, TokenRefused
-from resumeq.server.openapi import document
+from resumeq.server.openapi import (
+    IDEMPOTENCY_HEADER_PATTERN,
+    LAST_EVENT_ID_PATTERN,
+    SPILL_CURSOR_PATTERN,
+    SPILL_PAGE_MAX,
+    document,
+)
 from resumeq.server.problems import Problem
 from resumeq.server.proxy import ForwardedHeaders
 from resumeq.settings import Role, Settings, load_settings
-from resumeq.spec import JobSpec, parse_spec
+from resumeq.spec import JobSpec, looks_like_secret, looks_like_url, parse_spec
 from resumeq.store import DEFAULT_QUEUE, SPILL_QUEUE, Store, check_queue, redis_errors
 
 log = logging.getLogger(__name__)
@@ -78,10 +84,11 @@ log = logging.getLogger(__name__)
 P = ParamSpec("P")
 R = TypeVar("R")
 
+_DIGITS = re.compile(r"[0-9]{1,18}")
 #: An ``Idempotency-Key`` as a client may send it (it is kept under its principal's name).
-_DIGITS = re.compile(r"^[0-9]{1,18}$")
-IDEMPOTENCY_HEADER_RE = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,128}$")
-_OPENAPI = document()
+IDEMPOTENCY_HEADER_RE = re.compile(IDEMPOTENCY_HEADER_PATTERN)
+_LAST_EVENT_ID_RE = re.compile(LAST_EVENT_ID_PATTERN)
+_SPILL_CURSOR_RE = re.compile(SPILL_CURSOR_PATTERN)
 #: How long the service waits for Redis on one command (its event reads block for 1 s).
 REDIS_TIMEOUT_S = 5.0
 #: How long ``/healthz`` waits for Redis's answer, once: within the probe timeouts of a load
@@ -118,6 +125,7 @@ class Service:
         )
         self.client: AsyncClient | None = None
         self.hub: sse.Hub | None = None
+        self.openapi = document(settings)
 
     async def run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """A synchronous operation, in a worker thread."""
@@ -199,7 +207,7 @@ async def read_json(request: Request, *, empty: Any = None) -> Any:
         raise Problem.field(415, "Content-Type", f"expected application/json, not {media}")
     limit = service(request).server.max_body_bytes
     declared = request.headers.get("content-length", "")
-    if _DIGITS.match(declared) and int(declared) > limit:
+    if _DIGITS.fullmatch(declared) and int(declared) > limit:
         raise Problem(413, f"the body is over {limit} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
@@ -295,17 +303,33 @@ def _idempotency_key(request: Request, body: dict[str, Any]) -> str | None:
     header = request.headers.get("idempotency-key")
     in_body = body.get("idempotency_key")
     if header is not None:
-        header = header.strip().strip('"')  # the draft's form is a quoted string
-        if not IDEMPOTENCY_HEADER_RE.match(header):
-            raise Problem.field(400, "Idempotency-Key", "1 to 128 of A-Z a-z 0-9 _ . : @ / + = -")
+        if not IDEMPOTENCY_HEADER_RE.fullmatch(header):
+            raise Problem.field(400, "Idempotency-Key", _KEY_CHARS)
+        header = header.removeprefix('"').removesuffix('"')  # the draft's quoted string
+        _check_key(400, "Idempotency-Key", header)
         if in_body is not None and in_body != header:
             raise Problem.field(422, "idempotency_key", "differs from the Idempotency-Key header")
         return header
     if in_body is None:
         return None
-    if not isinstance(in_body, str) or not IDEMPOTENCY_HEADER_RE.match(in_body):
-        raise Problem.field(422, "idempotency_key", "1 to 128 of A-Z a-z 0-9 _ . : @ / + = -")
+    if not isinstance(in_body, str) or not IDEMPOTENCY_HEADER_RE.fullmatch(in_body):
+        raise Problem.field(422, "idempotency_key", _KEY_CHARS)
+    if in_body.startswith('"'):
+        raise Problem.field(422, "idempotency_key", _KEY_CHARS)
+    _check_key(422, "idempotency_key", in_body)
     return in_body
+
+
+_KEY_CHARS = "1 to 128 of A-Z a-z 0-9 _ . : @ / + = - (a header's may be quoted)"
+
+
+def _check_key(status: int, field: str, key: str) -> None:
+    """A key is opaque: never a URL or a credential (as a spec's is, before it is kept
+    under the caller's name)."""
+    if looks_like_url(key):
+        raise Problem.field(status, field, "must be an opaque key, not a URL")
+    if looks_like_secret(key):
+        raise Problem.field(status, field, "looks like a credential, which a job never carries")
 
 
 async def get_job(request: Request) -> Response:
@@ -328,12 +352,12 @@ async def job_events(request: Request) -> Response:
         who = principal(request)
         job = await visible_job(request, who, job_id)
         counted, limited = who.name, who.role == "producer"  # operators, viewers: not counted
-    after = _after(request)
+    after, named = _after(request)
     if after > job["revision"]:
+        # A well-formed revision this job has not reached: the request is fine, the job's
+        # state does not allow it (as a Range past a file's end).
         raise Problem.field(
-            400,
-            "Last-Event-ID" if "last-event-id" in request.headers else "after",
-            f"revision {after} is beyond the job's last ({job['revision']})",
+            409, named, f"revision {after} is beyond the job's last ({job['revision']})"
         )
     record = await svc.run(svc.store.get, job_id)
     assert svc.hub is not None
@@ -405,22 +429,23 @@ async def follow_token(request: Request) -> Response:
     )
 
 
-def _after(request: Request) -> int:
-    """Where a follower resumes: ``Last-Event-ID`` (what a reconnecting EventSource
-    sends), else ``?after=``, else from the start."""
-    for field, raw in (
-        ("Last-Event-ID", request.headers.get("last-event-id")),
-        ("after", request.query_params.get("after")),
-    ):
-        if raw is None:
-            continue
-        value = raw.strip()
-        if not _DIGITS.match(value):
-            raise Problem.field(
-                400, field, f"a revision (an integer of at least 0), not {raw[:40]!r}"
-            )
-        return int(value)
-    return 0
+def _after(request: Request) -> tuple[int, str]:
+    """Where a follower resumes, and what said so: ``Last-Event-ID`` (what a reconnecting
+    EventSource sends; empty, as the SSE standard's reset of the last event id, is none),
+    else ``?after=``, else from the start."""
+    last = request.headers.get("last-event-id")
+    if last is not None and not _LAST_EVENT_ID_RE.fullmatch(last):
+        raise Problem.field(
+            400, "Last-Event-ID", f"a revision (digits), or empty, not {last[:40]!r}"
+        )
+    if last:
+        return int(last), "Last-Event-ID"
+    raw = request.query_params.get("after")
+    if raw is None:
+        return 0, "after"
+    if not _DIGITS.fullmatch(raw):
+        raise Problem.field(400, "after", f"a revision (digits), not {raw[:40]!r}")
+    return int(raw), "after"
 
 
 async def cancel_job(request: Request) -> Response:
@@ -459,9 +484,6 @@ async def delete_job(request: Request) -> Response:
 
 # -- the spill lane -------------------------------------------------------------------------
 
-#: The most entries one page of ``GET /v1/spill`` answers.
-SPILL_PAGE_MAX = 500
-
 
 async def spill_list(request: Request) -> Response:
     principal(request, CAN_READ_ALL)
@@ -487,7 +509,7 @@ def _int_param(request: Request, name: str, *, default: int, low: int, high: int
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not _DIGITS.match(raw.strip()) or not low <= int(raw) <= high:
+    if not _DIGITS.fullmatch(raw) or not low <= int(raw) <= high:
         raise Problem.field(400, name, f"an integer from {low} to {high}, not {raw[:40]!r}")
     return int(raw)
 
@@ -496,11 +518,10 @@ def _cursor(raw: str | None) -> tuple[int, str] | None:
     """A page's position, as the previous page answered it (``<spilled ms>.<job id>``)."""
     if raw is None or raw == "":
         return None
+    if not _SPILL_CURSOR_RE.fullmatch(raw):
+        raise Problem.field(400, "cursor", "not a cursor a page of this list answered")
     at, _, job_id = raw.partition(".")
-    try:
-        return int(at), keys.check_job_id(job_id)
-    except ValueError:
-        raise Problem.field(400, "cursor", "not a cursor a page of this list answered") from None
+    return int(at), job_id
 
 
 async def spill_requeue(request: Request) -> Response:
@@ -586,7 +607,7 @@ async def get_metrics(request: Request) -> Response:
 
 async def openapi(request: Request) -> Response:
     principal(request)  # every role: a producer's developer reads the API with its token
-    return JSONResponse(_OPENAPI)
+    return JSONResponse(service(request).openapi)
 
 
 async def healthz(request: Request) -> Response:

@@ -84,7 +84,7 @@ class FollowTokens:
         return bool(self._secrets)
 
     def issue(self, job_id: str, *, now_ms: int, ttl_s: float) -> Issued:
-        if not JOB_ID_RE.match(job_id):
+        if not JOB_ID_RE.fullmatch(job_id):
             raise ValueError(f"malformed job id {job_id!r}")
         expires = now_ms + int(ttl_s * 1000)
         body = f"{VERSION}.{job_id}.{expires}"

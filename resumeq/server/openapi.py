@@ -1,16 +1,63 @@
-"""The service's OpenAPI 3.1 document (``GET /openapi.json``): every route of SPEC §18, the
-JobSpec's own JSON schema (from the pydantic model the service validates with), the job
-and spill shapes, and problem+json for every error. Built once, from the same names the
-routes use; a test checks that every route of the app is in it and nothing else."""
+"""The service's OpenAPI 3.1 document (``GET /openapi.json``): the contract a generated
+client and a fuzzer read. Every bound, pattern and enum the routes enforce is in it — the
+configured providers as the ``provider`` enum of a new job, ``[worker] queues`` as the
+``queue`` enum, the ``[limits]`` as bounds — and every status a route answers, with
+problem+json. The patterns are the ones the code matches (:mod:`resumeq.spec`,
+:mod:`resumeq.keys`), written once for both engines.
+
+Two rules of a job spec compare fields with each other, which JSON Schema cannot say: a
+``floor_tokens`` under ``budget_tokens`` (or 1), and an ``idempotency_key`` in the body equal
+to the ``Idempotency-Key`` header when both are sent. Both are in the descriptions; a key
+reused with another body is a 422, as the Idempotency-Key draft has it.
+
+The event stream is ``text/event-stream`` whose ``schema`` describes one event (OpenAPI
+3.1 has no ``itemSchema``; 3.2's SSE shape, ``{event, data, id, retry}`` with the data's
+JSON given by ``contentMediaType`` and ``contentSchema``, is what schemathesis validates
+each event against).
+
+Built once per app from its settings; a test checks that every route of the app is in it
+and nothing else."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from resumeq.spec import JobSpec
+from resumeq import keys, spec
+from resumeq.settings import Settings
+from resumeq.states import JobState
+from resumeq.store import QUEUE_PATTERN
 
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
 JOB = {"$ref": "#/components/schemas/Job"}
+
+#: An ``Idempotency-Key`` as a client sends it: bare, or the draft's quoted string. It is
+#: kept under the caller's name (``name:key``, within the 200 characters a spec's key has).
+IDEMPOTENCY_HEADER_KEY = r"[A-Za-z0-9_.:@/+=-]{1,128}"
+IDEMPOTENCY_HEADER_PATTERN = f'^(?:{IDEMPOTENCY_HEADER_KEY}|"{IDEMPOTENCY_HEADER_KEY}")$'
+#: A revision as ``Last-Event-ID`` carries it (empty: none, from the start).
+LAST_EVENT_ID_PATTERN = r"^[0-9]{0,18}$"
+#: A position in the spill list, as a page answered it (``<spilled ms>.<job id>``); empty:
+#: the first page.
+SPILL_CURSOR_PATTERN = r"^(?:[0-9]{1,18}\.[A-Za-z0-9_-]{1,64})?$"
+#: The most entries one page of ``GET /v1/spill`` answers.
+SPILL_PAGE_MAX = 500
+#: The largest integer a query parameter is read as (18 digits).
+QUERY_INT_MAX = 10**18 - 1
+_QUOTED_URL = r'^"(?:[A-Za-z][A-Za-z0-9+.-]*://|//|[Ww][Ww][Ww]\.)'
+
+_WHY = {
+    400: "a malformed header or parameter, or a body that is not JSON (named in errors)",
+    401: "no valid bearer token (a follow token: malformed, forged or expired)",
+    403: "the token's role may not do this",
+    404: "no such job (or another producer's)",
+    409: "the job's state does not allow it",
+    413: "the body is over [server] max_body_bytes",
+    415: "not application/json",
+    422: "a refused field (named in errors)",
+    429: "this producer follows its most streams ([server] max_streams_per_producer; Retry-After)",
+    501: "follow tokens are not configured ([server] secret_env)",
+    503: "Redis is unreachable, or this server follows its most jobs (Retry-After)",
+}
 
 
 def _problems(*statuses: int) -> dict[str, Any]:
@@ -23,55 +70,263 @@ def _problems(*statuses: int) -> dict[str, Any]:
     }
 
 
-_WHY = {
-    400: "a malformed body, header or parameter (named in errors)",
-    401: "no valid bearer token",
-    403: "the token's role may not do this",
-    404: "no such job (or another producer's)",
-    409: "the job's state does not allow it",
-    413: "the body is over [server] max_body_bytes",
-    501: "follow tokens are not configured ([server] secret_env)",
-    415: "not application/json",
-    422: "a refused field (named in errors)",
-    503: "Redis is unreachable, or the server follows its most jobs (Retry-After)",
-}
-_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string",
-           "pattern": "^[A-Za-z0-9_-]{1,64}$"}}  # fmt: skip
+def _not_refused(*extra: dict[str, Any]) -> dict[str, Any]:
+    """What a short identifier or a piece of data may not be: a URL or a credential."""
+    patterns = [{"pattern": spec.URL_PATTERN}, *({"pattern": p} for p in spec.SECRET_PATTERNS)]
+    return {"not": {"anyOf": [*patterns, *extra]}}
+
+
+def _string(pattern: str, description: str = "", **more: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": "string", "pattern": pattern, **_not_refused(), **more}
+    if description:
+        out["description"] = description
+    return out
+
+
+def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+_JOB_ID = {"name": "job_id", "in": "path", "required": True,
+           "schema": {"type": "string", "pattern": keys.JOB_ID_RE.pattern}}  # fmt: skip
 _JSON_JOB = {"description": "the job", "content": {"application/json": {"schema": JOB}}}
 
 
-def document() -> dict[str, Any]:
-    doc = _document()
+def document(settings: Settings) -> dict[str, Any]:
+    """The document for a server of ``settings``."""
+    doc = _document(settings)
     for path, item in doc["paths"].items():
-        if path.startswith("/v1/"):
-            item["options"] = _OPTIONS
+        if "{job_id}" in path:  # one declaration for every method, OPTIONS among them
+            for operation in item.values():
+                if isinstance(operation, dict) and "parameters" in operation:
+                    operation["parameters"] = [p for p in operation["parameters"] if p != _JOB_ID]
+            item["parameters"] = [_JOB_ID]
     return doc
 
 
-#: Every ``/v1/`` route answers OPTIONS: its Allow, and CORS preflights from the origins of
-#: ``[server] cors_origins``.
-_OPTIONS = {
-    "summary": "Allowed methods; a CORS preflight from a listed origin",
-    "security": [],
-    "responses": {"204": {"description": "Allow, and for a listed origin the CORS headers"}},
-}
+def job_spec_schema(settings: Settings) -> dict[str, Any]:
+    """A job spec as ``POST /v1/jobs`` takes it: :class:`~resumeq.spec.JobSpec`'s fields
+    with the rules its validators apply, the configured providers and ``[limits]``."""
+    limits = settings.file.limits
+    fields = spec.JobSpec.model_fields
+
+    def said(name: str, fallback: str) -> str:
+        return fields[name].description or fallback
+
+    providers = sorted(settings.file.providers)
+    provider: dict[str, Any] = (
+        {"type": "string", "enum": providers}
+        if providers
+        else {"type": "string", "not": {}, "description": "no provider is configured"}
+    )
+    provider["description"] = said("provider", "a provider profile of this deployment")
+    plain = {"$ref": "#/components/schemas/PlainJson"}
+    return {
+        "type": "object",
+        "description": "One generation request. Give either messages or prompt.",
+        "additionalProperties": False,
+        "required": ["provider", "model", "budget_tokens"],
+        # Exactly one of them, not null.
+        "oneOf": [
+            {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+            {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+        ],
+        "properties": {
+            "messages": _nullable({
+                "type": "array", "minItems": 1, "maxItems": limits.max_messages,
+                "items": {"$ref": "#/components/schemas/Message"},
+                "contains": {"type": "object", "properties": {"role": {"const": "user"}},
+                             "required": ["role"]},
+                "description": "at least one user message; all contents together at most "
+                f"{limits.max_prompt_bytes} bytes of UTF-8",
+            }),
+            "prompt": _nullable({
+                "type": "string", "pattern": spec.NOT_BLANK_PATTERN,
+                "maxLength": limits.max_prompt_bytes,
+                "description": "one user message, not only white space; at most "
+                f"{limits.max_prompt_bytes} bytes of UTF-8",
+            }),
+            "provider": provider,
+            "model": _string(spec.MODEL_PATTERN, said("model", "the model name")),
+            "budget_tokens": {
+                "type": "integer", "minimum": 1, "maximum": limits.max_budget_tokens,
+                "description": said("budget_tokens", "the most output tokens, all attempts"),
+            },
+            "floor_tokens": {
+                "type": "integer", "minimum": 1, "maximum": limits.max_budget_tokens,
+                "description": "the smallest remaining budget worth a continuation: less "
+                "than budget_tokens, or 1 (no floor); not given, 32 or half a smaller budget",
+            },
+            "params": {"$ref": "#/components/schemas/GenerationParams"},
+            "exit": {"$ref": "#/components/schemas/ExitPolicy"},
+            "idempotency_key": _nullable(_string(
+                f"^{IDEMPOTENCY_HEADER_KEY}$",
+                "the Idempotency-Key header's value, if both are sent; kept under the "
+                "caller's name",
+            )),
+            "require_exact_counts": {"type": "boolean"},
+            "byte_exact": {"type": "boolean"},
+            "metadata": {
+                "type": "object", "additionalProperties": plain,
+                "propertyNames": {"minLength": 1, "maxLength": 64, **_not_refused()},
+                "description": "plain JSON data kept with the job, at most "
+                f"{limits.max_metadata_bytes} bytes as JSON; no URL or credential in it",
+            },
+            "hooks": {
+                "type": "array", "maxItems": limits.max_hooks, "uniqueItems": True,
+                "items": _string(spec.NAME_PATTERN),
+                "description": "names of hooks registered on the workers",
+            },
+        },
+    }  # fmt: skip
 
 
-def _document() -> dict[str, Any]:
-    spec_schema = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-    defs = spec_schema.pop("$defs", {})
+def _components(settings: Settings) -> dict[str, Any]:
+    states = [s.value for s in JobState]
+    return {
+        "JobSpec": job_spec_schema(settings),
+        "Message": {
+            "type": "object", "additionalProperties": False, "required": ["role", "content"],
+            "properties": {"role": {"enum": ["system", "user", "assistant"]},
+                           "content": {"type": "string"}},
+        },
+        "GenerationParams": {
+            "type": "object", "additionalProperties": False,
+            "description": "sampling parameters that change the answer, and so the prompt hash",
+            "properties": {
+                "temperature": _nullable({"type": "number", "minimum": 0, "maximum": 2}),
+                "top_p": _nullable({"type": "number", "exclusiveMinimum": 0, "maximum": 1}),
+                "stop": _nullable({"type": "array", "maxItems": 4, "items": {
+                    "type": "string", "minLength": 1, "maxLength": 64}}),
+                "seed": _nullable({"type": "integer", "minimum": 0, "maximum": 2**63 - 1}),
+            },
+        },
+        "ExitPolicy": {
+            "type": "object", "additionalProperties": False,
+            "description": "the exit chosen before the call: what a cut leads to",
+            "properties": {
+                "on_cut": {"enum": ["resume", "abandon", "spill"]},
+                "droppable": {"type": "boolean", "description": "a droppable job abandons "
+                              "(keeping its partial text) where another spills"},
+                "max_attempts": {"type": "integer", "minimum": 1, "maximum": 50},
+            },
+        },
+        # Metadata: JSON with no URL and no credential in any string (keys included).
+        "PlainJson": {"anyOf": [
+            {"type": ["null", "boolean", "number"]},
+            {"type": "string", **_not_refused()},
+            {"type": "array", "items": {"$ref": "#/components/schemas/PlainJson"}},
+            {"type": "object", "propertyNames": _not_refused(),
+             "additionalProperties": {"$ref": "#/components/schemas/PlainJson"}},
+        ]},
+        "Job": {
+            "type": "object", "required": ["id", "state", "text", "revision", "links"],
+            "description": "what `resumeq status --json` prints, and links",
+            "properties": {
+                "id": {"type": "string"}, "state": {"enum": states},
+                "text": {"type": "string"}, "revision": {"type": "integer", "minimum": 0},
+                "budget_tokens": {"type": "integer"}, "floor_tokens": {"type": "integer"},
+                "spent_output_tokens": {"type": "integer"},
+                "attempts": {"type": "array", "items": {"type": "object"},
+                             "description": "one record per attempt (the ledger)"},
+                "already_ended": {"type": "boolean", "description": "a cancel's answer: the "
+                                  "job had ended before, and nothing was done"},
+                "warnings": {"type": "array", "items": {"type": "string"},
+                             "description": "a requeue's answer: no live worker listens on "
+                             "the queue it went to"},
+                "links": {"type": "object", "properties": {
+                    k: {"type": "string"} for k in ("self", "events", "cancel")}},
+            },
+            "additionalProperties": True,
+        },
+        "Delta": {"type": "object", "required": ["text", "revision"], "properties": {
+            "text": {"type": "string"}, "revision": {"type": "integer", "minimum": 0}}},
+        "StateChange": {"type": "object", "required": ["state"],
+                        "properties": {"state": {"enum": states}}},
+        "FollowToken": {
+            "type": "object", "required": ["token", "expires_at", "events"],
+            "properties": {"token": {"type": "string"},
+                           "expires_at": {"type": "integer", "description": "ms since the epoch"},
+                           "events": {"type": "string"}},
+        },
+        "SpillPage": {
+            "type": "object", "required": ["items", "next_cursor"],
+            "properties": {"items": {"type": "array", "items": {"type": "object"}},
+                           "next_cursor": {"anyOf": [
+                               {"type": "string", "pattern": SPILL_CURSOR_PATTERN},
+                               {"type": "null"}]}},
+        },
+        "Problem": {
+            "type": "object", "required": ["title", "status", "detail"],
+            "properties": {
+                "type": {"type": "string"}, "title": {"type": "string"},
+                "status": {"type": "integer"}, "detail": {"type": "string"},
+                "instance": {"type": "string"},
+                "errors": {"type": "array", "items": {
+                    "type": "object", "required": ["field", "message"],
+                    "properties": {"field": {"type": "string"},
+                                   "message": {"type": "string"}}}}},
+        },
+    }  # fmt: skip
+
+
+def _events() -> dict[str, Any]:
+    """One event of a job's stream (the OpenAPI 3.2 shape of an SSE event)."""
+
+    def one(name: str, data: str, doc: str) -> dict[str, Any]:
+        return {
+            "type": "object", "required": ["event", "data"], "description": doc,
+            "properties": {
+                "event": {"const": name},
+                "id": {"type": "string", "pattern": r"^[0-9]+$",
+                       "description": "the revision: send it back as Last-Event-ID"},
+                "data": {"type": "string", "contentMediaType": "application/json",
+                         "contentSchema": {"$ref": f"#/components/schemas/{data}"}},
+            },
+        }  # fmt: skip
+
+    return {
+        "oneOf": [
+            one("delta", "Delta", "text appended at this revision"),
+            one("state", "StateChange", "the job's state changed"),
+            one("end", "StateChange", "the job ended (or spilled): the stream closes"),
+        ]
+    }
+
+
+def _document(settings: Settings) -> dict[str, Any]:
+    server = settings.file.server
+    queues = list(settings.file.worker.queues)
     reads = _problems(401, 403, 404, 503)
+    follow_statuses = (400, 401, 403, 404, 413, 415, 422, 503) + (
+        () if server.secret_env else (501,)
+    )
+    filters = [
+        {"name": "reason", "in": "query", "schema": {"type": "string"},
+         "description": "a piece of the reason it spilled (case does not matter)"},
+        {"name": "provider", "in": "query", "schema": {"type": "string"}},
+        {"name": "queue", "in": "query", "schema": {"type": "string"}},
+    ]  # fmt: skip
     return {
         "openapi": "3.1.0",
         "info": {"title": "resumeq", "version": "1",
-                 "description": "LLM generation jobs that resume cut streams (SPEC §18)."},
+                 "description": "LLM generation jobs that resume cut streams. Every /v1/ "
+                 "route also answers OPTIONS, as HEAD is implicit: its Allow, and a CORS "
+                 "preflight from an origin of [server] cors_origins (no token needed)."},
         "security": [{"bearer": []}],
         "paths": {
             "/v1/jobs": {"post": {
                 "summary": "Create a job",
                 "parameters": [
-                    {"name": "Idempotency-Key", "in": "header", "schema": {"type": "string"}},
-                    {"name": "queue", "in": "query", "schema": {"type": "string"}},
+                    {"name": "Idempotency-Key", "in": "header",
+                     "schema": {"type": "string", "pattern": IDEMPOTENCY_HEADER_PATTERN,
+                                # quoted, the key inside is held to the same
+                                **_not_refused({"pattern": _QUOTED_URL})},
+                     "description": "the same key and body answer the same job (200); the "
+                     "same key with another body is a 422"},
+                    {"name": "queue", "in": "query",
+                     "schema": {"type": "string", "enum": queues},
+                     "description": "one of [worker] queues; not given, the first"},
                 ],
                 "requestBody": {"required": True,
                                 "content": {"application/json": {"schema": {
@@ -89,48 +344,60 @@ def _document() -> dict[str, Any]:
             },
             "/v1/jobs/{job_id}/events": {"get": {
                 "summary": "The job's durable text as Server-Sent Events, resumable",
+                "security": [{"bearer": []}, {"followToken": []}],
                 "parameters": [
                     _JOB_ID,
-                    {"name": "Last-Event-ID", "in": "header", "schema": {"type": "string"}},
-                    {"name": "after", "in": "query", "schema": {"type": "integer",
-                                                                "minimum": 0}},
-                    {"name": "token", "in": "query", "schema": {"type": "string"},
-                     "description": "a follow token of this job (POST .../follow-token), "
-                     "for a browser's EventSource: no Authorization header then"},
+                    {"name": "Last-Event-ID", "in": "header",
+                     "schema": {"type": "string", "pattern": LAST_EVENT_ID_PATTERN},
+                     "description": "the last revision seen (what a reconnecting "
+                     "EventSource sends); before ?after"},
+                    {"name": "after", "in": "query",
+                     "schema": {"type": "integer", "minimum": 0, "maximum": QUERY_INT_MAX}},
                 ],
                 "responses": {"200": {
-                    "description": "id: the revision; event: delta ({text, revision}), "
-                    "state ({state}), end ({state}), then the stream closes",
-                    "content": {"text/event-stream": {"schema": {"type": "string"}}},
-                }, **_problems(400, 401, 403, 404, 503)},
+                    "description": "`retry:` first, then an event per durable write: delta "
+                    "({text, revision}), state ({state}), and end ({state}) at a terminal "
+                    "state or a spill, after which the stream closes; comments keep it alive",
+                    "content": {"text/event-stream": {"schema": _events()}},
+                }, **_problems(400, 401, 403, 404, 409, 429, 503)},
             }},
             "/v1/jobs/{job_id}/follow-token": {"post": {
                 "summary": "A token that opens only this job's events, for a browser",
                 "parameters": [_JOB_ID],
                 "requestBody": {"content": {"application/json": {"schema": {
                     "type": "object", "additionalProperties": False,
-                    "properties": {"ttl_s": {"type": "number", "exclusiveMinimum": 0}}}}}},
+                    "properties": {"ttl_s": {
+                        "type": "number", "exclusiveMinimum": 0,
+                        "maximum": server.follow_token_ttl_s,
+                        "description": "its life in seconds; not given, the longest"}}}}}},
                 "responses": {"200": {"description": "the token, and when it expires (ms)",
                                       "content": {"application/json": {"schema": {
                                           "$ref": "#/components/schemas/FollowToken"}}}},
-                              **_problems(401, 403, 404, 413, 415, 422, 501, 503)},
+                              **_problems(*follow_statuses)},
             }},
             "/v1/jobs/{job_id}/cancel": {"post": {
-                "summary": "Cancel a job", "parameters": [_JOB_ID],
+                "summary": "Cancel a job; an ended one answers with already_ended",
+                "parameters": [_JOB_ID],
                 "responses": {"200": _JSON_JOB, **_problems(401, 403, 404, 409, 503)},
             }},
             "/v1/spill": {"get": {
                 "summary": "Spilled jobs, a page at a time (oldest spill first)",
-                "parameters": [{"name": n, "in": "query", "schema": {"type": t}} for n, t in
-                               (("reason", "string"), ("provider", "string"),
-                                ("queue", "string"), ("limit", "integer"),
-                                ("cursor", "string"))],
+                "parameters": [
+                    *filters,
+                    {"name": "limit", "in": "query",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": SPILL_PAGE_MAX,
+                                "default": 50}},
+                    {"name": "cursor", "in": "query",
+                     "schema": {"type": "string", "pattern": SPILL_CURSOR_PATTERN},
+                     "description": "a page's next_cursor"},
+                ],
                 "responses": {"200": {"description": "a page", "content": {
                     "application/json": {"schema": {"$ref": "#/components/schemas/SpillPage"}}}},
                     **_problems(400, 401, 403, 503)},
             }},
             "/v1/spill/export": {"get": {
                 "summary": "Every spilled job that matches, as JSON lines",
+                "parameters": filters,
                 "responses": {"200": {"description": "one job per line", "content": {
                     "application/x-ndjson": {"schema": {"type": "string"}}}},
                     **_problems(401, 403, 503)},
@@ -140,7 +407,14 @@ def _document() -> dict[str, Any]:
                 "parameters": [_JOB_ID],
                 "requestBody": {"content": {"application/json": {"schema": {
                     "type": "object", "additionalProperties": False,
-                    "properties": {"to": {"type": "string"}, "provider": {"type": "string"}}}}}},
+                    "properties": {
+                        "to": _nullable({"type": "string", "pattern": QUEUE_PATTERN,
+                                         "not": {"const": keys.SPILL_QUEUE},
+                                         "description": "a queue (not the spill lane); a "
+                                         "warning says when no live worker listens on it"}),
+                        "provider": _nullable({"type": "string",
+                                               "enum": sorted(settings.file.providers)}),
+                    }}}}},
                 "responses": {"200": _JSON_JOB,
                               **_problems(400, 401, 403, 404, 409, 413, 415, 422, 503)},
             }},
@@ -149,47 +423,32 @@ def _document() -> dict[str, Any]:
                 "responses": {"200": _JSON_JOB, **_problems(401, 403, 404, 409, 503)},
             }},
             "/v1/stats": {"get": {"summary": "Counts by state and token totals",
-                                  "responses": {"200": {"description": "stats"},
+                                  "responses": {"200": {"description": "stats", "content": {
+                                      "application/json": {"schema": {"type": "object"}}}},
                                                 **_problems(401, 403, 503)}}},
             "/healthz": {"get": {"summary": "Redis is reachable",
-                                 "responses": {"200": {"description": "ok"},
+                                 "security": [] if server.public_metrics else [{"bearer": []}],
+                                 "responses": {"200": {"description": "ok", "content": {
+                                     "application/json": {"schema": {"type": "object"}}}},
                                                **_problems(401, 403, 503)}}},
             "/metrics": {"get": {"summary": "Prometheus text exposition",
+                                 "security": [] if server.public_metrics else [{"bearer": []}],
                                  "responses": {"200": {"description": "metrics", "content": {
                                      "text/plain": {"schema": {"type": "string"}}}},
                                      **_problems(401, 403, 503)}}},
             "/openapi.json": {"get": {"summary": "This document (any role's token)",
-                                      "responses": {"200": {"description": "OpenAPI 3.1"},
+                                      "responses": {"200": {"description": "OpenAPI 3.1",
+                                                            "content": {"application/json": {
+                                                                "schema": {"type": "object"}}}},
                                                     **_problems(401)}}},
         },
         "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                **defs,
-                "JobSpec": spec_schema,
-                "Job": {"type": "object", "required": ["id", "state", "text", "revision"],
-                        "properties": {"id": {"type": "string"}, "state": {"type": "string"},
-                                       "text": {"type": "string"},
-                                       "revision": {"type": "integer"},
-                                       "links": {"type": "object"}},
-                        "additionalProperties": True},
-                "FollowToken": {"type": "object", "required": ["token", "expires_at"],
-                                "properties": {"token": {"type": "string"},
-                                               "expires_at": {"type": "integer"},
-                                               "events": {"type": "string"}}},
-                "SpillPage": {"type": "object", "required": ["items", "next_cursor"],
-                              "properties": {"items": {"type": "array", "items": {
-                                  "type": "object"}},
-                                  "next_cursor": {"type": ["string", "null"]}}},
-                "Problem": {"type": "object", "required": ["title", "status", "detail"],
-                            "properties": {
-                                "type": {"type": "string"}, "title": {"type": "string"},
-                                "status": {"type": "integer"}, "detail": {"type": "string"},
-                                "instance": {"type": "string"},
-                                "errors": {"type": "array", "items": {
-                                    "type": "object",
-                                    "properties": {"field": {"type": "string"},
-                                                   "message": {"type": "string"}}}}}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer"},
+                "followToken": {"type": "apiKey", "in": "query", "name": "token",
+                                "description": "a follow token of this job (POST "
+                                ".../follow-token), for a browser's EventSource"},
             },
+            "schemas": _components(settings),
         },
     }  # fmt: skip

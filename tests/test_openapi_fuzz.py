@@ -93,9 +93,15 @@ def fuzz(served: Served, who: str, *, seed: int, examples: int) -> subprocess.Co
         "--checks", "all", "--seed", str(seed), "--max-examples", str(examples),
         "--workers", "1", "--request-timeout", "10", "--max-failures", "20",
         "--suppress-health-check", "too_slow",
-        "--report", "junit", "--report-dir", str(served.tmp / f"report-{who}"),
+        "--report", "junit", "--report-dir", str(served.tmp / f"report-{who}-{seed}"),
     ]  # fmt: skip
-    return subprocess.run(args, check=False, env=env, capture_output=True, text=True, timeout=240)
+    # In a directory of its own: schemathesis keeps the crashes it found there and replays
+    # them first, which would make a run depend on an earlier one.
+    cwd = served.tmp / f"run-{who}-{seed}"
+    cwd.mkdir()
+    return subprocess.run(
+        args, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=240
+    )
 
 
 @pytest.mark.timeout(300)

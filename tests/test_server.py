@@ -939,6 +939,11 @@ def test_openapi_names_every_route_and_the_job_spec(api: Api) -> None:
     assert spec["properties"]["budget_tokens"]["maximum"] == limits.max_budget_tokens
     events = doc["paths"]["/v1/jobs/{job_id}/events"]["get"]["responses"]["200"]
     assert set(events["content"]) == {"text/event-stream"}
+    ids = [op["operationId"] for item in doc["paths"].values() for m, op in item.items()
+           if m != "parameters"]  # fmt: skip
+    assert len(ids) == len(set(ids)) == len(documented)
+    links = create["responses"]["201"]["links"]
+    assert {link["operationId"] for link in links.values()} <= set(ids)
     missing = api.as_(None).get("/openapi.json")
     assert missing.status_code == 401 and "401" in doc["paths"]["/openapi.json"]["get"]["responses"]
     # every role reads it: a producer's developer with the token it was given

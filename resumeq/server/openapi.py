@@ -92,6 +92,27 @@ _JOB_ID = {"name": "job_id", "in": "path", "required": True,
 _JSON_JOB = {"description": "the job", "content": {"application/json": {"schema": JOB}}}
 
 
+#: Each operation's id: what a generated client names its method, and what links name.
+OPERATION_IDS = {
+    ("/v1/jobs", "post"): "createJob",
+    ("/v1/jobs/{job_id}", "get"): "getJob",
+    ("/v1/jobs/{job_id}", "delete"): "purgeJob",
+    ("/v1/jobs/{job_id}/events", "get"): "followJob",
+    ("/v1/jobs/{job_id}/follow-token", "post"): "createFollowToken",
+    ("/v1/jobs/{job_id}/cancel", "post"): "cancelJob",
+    ("/v1/spill", "get"): "listSpilled",
+    ("/v1/spill/export", "get"): "exportSpilled",
+    ("/v1/spill/{job_id}/requeue", "post"): "requeueSpilled",
+    ("/v1/spill/{job_id}/drop", "post"): "dropSpilled",
+    ("/v1/stats", "get"): "getStats",
+    ("/healthz", "get"): "health",
+    ("/metrics", "get"): "metrics",
+    ("/openapi.json", "get"): "openapi",
+}
+#: What a created job's id opens.
+_JOB_LINKS = ("getJob", "followJob", "createFollowToken", "cancelJob", "purgeJob")
+
+
 def document(settings: Settings) -> dict[str, Any]:
     """The document for a server of ``settings``."""
     doc = _document(settings)
@@ -101,6 +122,18 @@ def document(settings: Settings) -> dict[str, Any]:
                 if isinstance(operation, dict) and "parameters" in operation:
                     operation["parameters"] = [p for p in operation["parameters"] if p != _JOB_ID]
             item["parameters"] = [_JOB_ID]
+        for method, operation in item.items():
+            if method != "parameters":
+                operation["operationId"] = OPERATION_IDS[(path, method)]
+    created = doc["paths"]["/v1/jobs"]["post"]["responses"]
+    for status in ("200", "201"):
+        created[status] = {
+            **created[status],
+            "links": {
+                name: {"operationId": name, "parameters": {"job_id": "$response.body#/id"}}
+                for name in _JOB_LINKS
+            },
+        }
     return doc
 
 

@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint typecheck pytest redis-server chromium nginx bench soak clean
+.PHONY: test demo docs lint typecheck pytest redis-server chromium nginx bench soak clean
 
 test: lint typecheck pytest
 
@@ -57,6 +57,11 @@ nginx:
 
 demo: $(STAMP)
 	$(BIN)/resumeq demo
+
+# docs/jobspec.md is written from the model (resumeq/docs.py); tests/test_docs.py fails when
+# the two disagree.
+docs: $(STAMP)
+	$(BIN)/python -m resumeq.docs > docs/jobspec.md
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

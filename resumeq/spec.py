@@ -159,8 +159,8 @@ class Message(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    role: Role
-    content: str
+    role: Role = Field(description="Who speaks: `system`, `user` or `assistant`.")
+    content: str = Field(description="The message's text.")
 
 
 def default_floor(budget_tokens: int) -> int:
@@ -175,10 +175,23 @@ class GenerationParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    temperature: JsonFloat | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: JsonFloat | None = Field(default=None, gt=0.0, le=1.0)
-    stop: tuple[str, ...] | None = Field(default=None, max_length=4)
-    seed: JsonInt | None = Field(default=None, ge=0, le=2**63 - 1)
+    temperature: JsonFloat | None = Field(
+        default=None, ge=0.0, le=2.0, description="The sampling temperature sent to the provider."
+    )
+    top_p: JsonFloat | None = Field(
+        default=None, gt=0.0, le=1.0, description="Nucleus sampling's probability mass."
+    )
+    stop: tuple[str, ...] | None = Field(
+        default=None,
+        max_length=4,
+        description="Sequences at which the provider stops the answer.",
+    )
+    seed: JsonInt | None = Field(
+        default=None,
+        ge=0,
+        le=2**63 - 1,
+        description="A sampling seed, for providers that take one.",
+    )
 
     @field_validator("stop")
     @classmethod
@@ -193,10 +206,25 @@ class ExitPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    on_cut: Literal["resume", "abandon", "spill"] = "resume"
-    #: A droppable job abandons (keeping its partial text) where a non-droppable one spills.
-    droppable: JsonBool = False
-    max_attempts: JsonInt = Field(default=5, ge=1, le=50)
+    on_cut: Literal["resume", "abandon", "spill"] = Field(
+        default="resume",
+        description="What a cut that leaves output behind leads to: `resume` continues from "
+        "the stored text; `abandon` takes the job's exit at once; `spill` spills it at once, "
+        "droppable or not.",
+    )
+    droppable: JsonBool = Field(
+        default=False,
+        description="A droppable job that cannot go on is abandoned (its partial text kept); "
+        "one that is not is spilled for a person, once.",
+    )
+    max_attempts: JsonInt = Field(
+        default=5,
+        ge=1,
+        le=50,
+        description="After an attempt that delivered output, the job takes its exit once it "
+        "has had this many attempts (attempts that deliver nothing are bounded by `[worker] "
+        "retry_window_s` instead).",
+    )
 
 
 class JobSpec(BaseModel):
@@ -210,25 +238,69 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    messages: tuple[Message, ...] | None = None
-    prompt: str | None = Field(default=None, validate_default=True)
-    provider: str
-    model: str
-    budget_tokens: JsonInt = Field(gt=0)
+    messages: tuple[Message, ...] | None = Field(
+        default=None,
+        description="The conversation, with at least one user message. Give this or `prompt`.",
+    )
+    prompt: str | None = Field(
+        default=None,
+        validate_default=True,
+        description="The text of a single user message. Give this or `messages`.",
+    )
+    provider: str = Field(
+        description="The name of a provider profile configured on the workers "
+        "(`[providers.NAME]`); never a URL or a key."
+    )
+    model: str = Field(description="The model name sent to the provider.")
+    budget_tokens: JsonInt = Field(
+        gt=0,
+        description="The most output tokens the job may consume, all attempts together "
+        "(reasoning tokens included).",
+    )
     #: The smallest remaining budget worth a continuation (SPEC §4): a cut job with less
     #: left takes its exit instead. ``1 <= floor_tokens < budget_tokens``, except that a
     #: floor of 1 fits every budget: it is no floor at all (any budget left is worth
     #: resuming), the only floor a budget of 1 can have. Not given, it is
     #: :func:`default_floor` of the budget (32, or half a smaller budget): a default never
     #: makes a request invalid, and an error about the floor means the caller set it.
-    floor_tokens: JsonInt = Field(default=DEFAULT_FLOOR_TOKENS, ge=1, validate_default=True)
-    params: GenerationParams = GenerationParams()
-    exit: ExitPolicy = ExitPolicy()
-    idempotency_key: str | None = None
-    require_exact_counts: JsonBool = False
-    byte_exact: JsonBool = False
-    metadata: dict[str, JsonValue] = Field(default_factory=dict, validate_default=True)
-    hooks: tuple[str, ...] = ()
+    floor_tokens: JsonInt = Field(
+        default=DEFAULT_FLOOR_TOKENS,
+        ge=1,
+        validate_default=True,
+        description="The smallest remaining budget worth a continuation: a cut job with less "
+        "left takes its exit instead. Less than `budget_tokens`, or 1 (no floor).",
+    )
+    params: GenerationParams = Field(
+        default=GenerationParams(),
+        description="Sampling parameters; they are part of the prompt hash.",
+    )
+    exit: ExitPolicy = Field(
+        default=ExitPolicy(), description="The exit, chosen before the call: what a cut leads to."
+    )
+    idempotency_key: str | None = Field(
+        default=None, description="Enqueueing again with the same key returns the same job."
+    )
+    require_exact_counts: JsonBool = Field(
+        default=False,
+        description="Never continue on an estimated count: a job whose output tokens were "
+        "estimated takes its exit instead of a continuation.",
+    )
+    byte_exact: JsonBool = Field(
+        default=False,
+        description="The answer must be one sampling, byte for byte: a cut that leaves output "
+        "is never continued with a new request (a continuation is a new draw); the job takes "
+        "its exit.",
+    )
+    metadata: dict[str, JsonValue] = Field(
+        default_factory=dict,
+        validate_default=True,
+        description="Plain JSON kept with the job and shown with it; never sent to the provider.",
+    )
+    hooks: tuple[str, ...] = Field(
+        default=(),
+        description="Names of after-completion hooks registered on the workers, run when the "
+        "job ends `done`.",
+    )
 
     @field_validator("messages")
     @classmethod

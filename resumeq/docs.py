@@ -1,0 +1,290 @@
+"""The job spec reference, ``docs/jobspec.md``, written from :class:`~resumeq.spec.JobSpec`.
+
+Every field of the spec and of the models it nests — its JSON type, its default, the bounds
+and enums its annotation carries, the rules its validators apply and its description —
+comes from the model; the validators' rules are spelled here from the same constants the
+validators use, and a field validated with no rule written here stops the generator. Write
+the page again with ``python -m resumeq.docs > docs/jobspec.md`` (``make docs``);
+tests/test_docs.py fails when the page and the model disagree. No command of the CLI
+imports this module.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import textwrap
+import types
+import typing
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import annotated_types
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from resumeq import spec
+from resumeq.keys import IDEMPOTENCY_KEY_RE
+
+__all__ = ["EXAMPLE", "jobspec_reference"]
+
+#: The models of the page, in its order, with the field of the spec that holds each.
+MODELS: tuple[tuple[type[BaseModel], str], ...] = (
+    (spec.JobSpec, ""),
+    (spec.Message, "messages"),
+    (spec.GenerationParams, "params"),
+    (spec.ExitPolicy, "exit"),
+)
+
+#: A spec with every nested model in it (the generator checks it is valid).
+EXAMPLE: dict[str, Any] = {
+    "messages": [
+        {"role": "system", "content": "Answer in two paragraphs."},
+        {"role": "user", "content": "Explain tides"},
+    ],
+    "provider": "fake",
+    "model": "fake-model",
+    "budget_tokens": 800,
+    "floor_tokens": 64,
+    "params": {"temperature": 0.7, "stop": ["THE END"]},
+    "exit": {"on_cut": "resume", "droppable": True, "max_attempts": 5},
+    "idempotency_key": "order-1234",
+    "metadata": {"customer": 42},
+}
+
+_NOT_REFUSED = "not a URL and nothing that looks like a credential (an API key, a bearer token)"
+
+
+def _limit(name: str) -> str:
+    return f"`[limits] {name}` ({getattr(spec.DEFAULT_LIMITS, name)} by default)"
+
+
+#: What each field's validators check beyond its annotation, from their own constants.
+RULES: dict[tuple[type[BaseModel], str], tuple[str, ...]] = {
+    (spec.JobSpec, "messages"): (
+        f"1 to {_limit('max_messages')} messages, at least one of them from the user",
+        f"the contents together at most {_limit('max_prompt_bytes')} bytes of UTF-8",
+        "not with `prompt`: give one of the two",
+    ),
+    (spec.JobSpec, "prompt"): (
+        "not only white space",
+        f"at most {_limit('max_prompt_bytes')} bytes of UTF-8",
+        "not with `messages`: give one of the two",
+    ),
+    (spec.JobSpec, "provider"): (
+        f"matches `{spec.NAME_PATTERN}`",
+        _NOT_REFUSED,
+        "over HTTP, one of the serving config's profiles (the OpenAPI document's enum)",
+    ),
+    (spec.JobSpec, "model"): (f"matches `{spec.MODEL_PATTERN}`", _NOT_REFUSED),
+    (spec.JobSpec, "budget_tokens"): (f"at most {_limit('max_budget_tokens')}",),
+    (spec.JobSpec, "floor_tokens"): ("less than `budget_tokens`, or 1 (no floor)",),
+    (spec.JobSpec, "idempotency_key"): (
+        f"matches `{IDEMPOTENCY_KEY_RE.pattern}`",
+        _NOT_REFUSED,
+        "over HTTP at most 128 characters (a job is kept under its caller's name), and the "
+        "`Idempotency-Key` header's value when both are sent",
+    ),
+    (spec.JobSpec, "metadata"): (
+        f"at most {_limit('max_metadata_bytes')} bytes as compact JSON",
+        "keys 1 to 64 characters",
+        f"every string in it, keys too, {_NOT_REFUSED}",
+    ),
+    (spec.JobSpec, "hooks"): (
+        f"at most {_limit('max_hooks')} names, none twice",
+        f"each matches `{spec.NAME_PATTERN}`, {_NOT_REFUSED}",
+    ),
+    (spec.GenerationParams, "stop"): ("each sequence 1 to 64 characters",),
+}
+
+#: Defaults that a model validator derives from other fields.
+DERIVED_DEFAULTS: dict[tuple[type[BaseModel], str], str] = {
+    (spec.JobSpec, "floor_tokens"): (
+        f"{spec.DEFAULT_FLOOR_TOKENS}, or half a budget under {2 * spec.DEFAULT_FLOOR_TOKENS} "
+        "(at least 1)"
+    ),
+}
+
+#: What the strict JSON readers in a field's annotation refuse.
+_STRICT: dict[Callable[[Any], Any], str] = {
+    spec.json_integer: "a JSON integer: a string, a boolean or a fraction is refused "
+    "(`800.0` is 800)",
+    spec.json_number: "a JSON number: a string or a boolean is refused",
+    spec.json_boolean: "`true` or `false`: 0, 1 or a string is refused",
+}
+
+_BOUNDS: tuple[tuple[type[Any], str, str], ...] = (
+    (annotated_types.Gt, "gt", "more than"),
+    (annotated_types.Ge, "ge", "at least"),
+    (annotated_types.Lt, "lt", "less than"),
+    (annotated_types.Le, "le", "at most"),
+)
+_WIDTH = 92
+
+
+def _anchor(model: type[BaseModel]) -> str:
+    return model.__name__.lower()
+
+
+def _type_name(annotation: Any) -> str:
+    """The JSON type of an annotation, as a reader of the page says it."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
+    if origin in (typing.Union, types.UnionType):
+        names = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(names) + (" or null" if type(None) in args else "")
+    if origin is typing.Literal:
+        return "string, one of " + ", ".join(f"`{a}`" for a in args)
+    if origin is tuple:
+        return f"array of {_type_name(args[0])}"
+    if origin is dict:
+        return "object of JSON values"
+    return _leaf_name(annotation)
+
+
+def _leaf_name(annotation: Any) -> str:
+    named = {str: "string", int: "integer", float: "number", bool: "boolean"}
+    if annotation in named:
+        return named[annotation]
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return f"[{annotation.__name__}](#{_anchor(annotation)})"
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return "string, one of " + ", ".join(f"`{m.value}`" for m in annotation)
+    raise TypeError(f"no JSON name for {annotation!r}: teach resumeq.docs._type_name it")
+
+
+def _metadata(field: FieldInfo) -> Iterator[Any]:
+    """The field's metadata, and that of any Annotated inside its annotation."""
+    yield from field.metadata
+
+    def inner(annotation: Any) -> Iterator[Any]:
+        if typing.get_origin(annotation) is typing.Annotated:
+            yield from annotation.__metadata__
+        for arg in typing.get_args(annotation):
+            yield from inner(arg)
+
+    yield from inner(field.annotation)
+
+
+def _annotation_rules(field: FieldInfo) -> list[str]:
+    out = []
+    for item in _metadata(field):
+        for kind, attribute, sign in _BOUNDS:
+            if isinstance(item, kind):
+                out.append(f"{sign} {getattr(item, attribute)}")
+        if isinstance(item, annotated_types.MaxLen):
+            out.append(f"at most {item.max_length} items")
+        if isinstance(item, annotated_types.MinLen):
+            out.append(f"at least {item.min_length} items")
+        func = getattr(item, "func", None)
+        if func in _STRICT:
+            out.append(_STRICT[func])
+    return out
+
+
+def _default(model: type[BaseModel], name: str, field: FieldInfo) -> str:
+    if (model, name) in DERIVED_DEFAULTS:
+        return DERIVED_DEFAULTS[(model, name)]
+    if field.is_required():
+        return "required"
+    if field.default_factory is not None:
+        value: Any = field.default_factory()  # type: ignore[call-arg]
+    elif field.default is PydanticUndefined:  # pragma: no cover - required, above
+        return "required"
+    else:
+        value = field.default
+    if isinstance(value, BaseModel):
+        return "each field's default"
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, tuple):
+        value = list(value)
+    return f"`{json.dumps(value)}`"
+
+
+def _validated(model: type[BaseModel]) -> set[str]:
+    decorators = model.__pydantic_decorators__.field_validators.values()
+    return {name for d in decorators for name in d.info.fields}
+
+
+def _model_section(model: type[BaseModel], holder: str) -> list[str]:
+    undocumented = sorted(_validated(model) - {n for m, n in RULES if m is model})
+    if undocumented:
+        raise RuntimeError(
+            f"{model.__name__}: write the rules of {', '.join(undocumented)} in resumeq.docs.RULES"
+        )
+    doc = " ".join((model.__doc__ or "").strip().split("\n\n")[0].split())
+    where = f" In a spec: `{holder}`." if holder else ""
+    lines = [f"## {model.__name__}", "", *_wrap(f"{doc}{where}"), ""]
+    for name, field in model.model_fields.items():
+        if not field.description:
+            raise RuntimeError(f"{model.__name__}.{name}: give it a Field(description=...)")
+        rules = [*_annotation_rules(field), *RULES.get((model, name), ())]
+        default = _default(model, name, field)
+        kind = f"**Type:** {_type_name(field.annotation)}."
+        kind += " **Required.**" if default == "required" else f" **Default:** {default}."
+        lines += [f"### `{name}`", "", *_wrap(kind), "", *_wrap(field.description)]
+        if rules:
+            lines.append("")
+            for rule in rules:
+                lines += _wrap(rule, first="- ", then="  ")
+        lines.append("")
+    return lines
+
+
+def _wrap(text: str, first: str = "", then: str = "") -> list[str]:
+    return textwrap.wrap(
+        text,
+        _WIDTH,
+        initial_indent=first,
+        subsequent_indent=then,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+
+
+def _example() -> str:
+    """:data:`EXAMPLE` as JSON, a key a line (and a message a line)."""
+    items = []
+    for key, value in EXAMPLE.items():
+        if key == "messages":
+            inner = ",\n".join(f"    {json.dumps(m, ensure_ascii=False)}" for m in value)
+            items.append(f'  "{key}": [\n{inner}\n  ]')
+        else:
+            items.append(f'  "{key}": {json.dumps(value, ensure_ascii=False)}')
+    return "{\n" + ",\n".join(items) + "\n}"
+
+
+def jobspec_reference() -> str:
+    """The text of ``docs/jobspec.md``."""
+    spec.parse_spec(EXAMPLE)  # the page's example is a spec the model takes
+    lines = [
+        "# The job spec",
+        "",
+        "<!-- Written by `python -m resumeq.docs > docs/jobspec.md` (`make docs`) from the",
+        "     model, resumeq.spec.JobSpec: edit the model, not this page. -->",
+        "",
+        "What a producer submits: `Client.enqueue(spec)`, `POST /v1/jobs` (a JSON body), or",
+        "`resumeq enqueue`'s options ([operations](operations.md#enqueue-and-watch)). A spec",
+        "names a provider *profile* and a model, never a URL or a key. A field it does not",
+        "have is refused — the exit policy is the object `exit`, so a top-level `on_cut` is",
+        "refused — and a refused spec names every bad field; nothing is written. The limits",
+        "are the `[limits]` of the config ([configuration](configuration.md#limits)); the",
+        "OpenAPI document of `resumeq serve` (`GET /openapi.json`) states the same rules with",
+        "its own config's profiles and limits.",
+        "",
+        "```json",
+        _example(),
+        "```",
+        "",
+    ]
+    for model, holder in MODELS:
+        lines.extend(_model_section(model, holder))
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":
+    print(jobspec_reference(), end="")

@@ -1,4 +1,4 @@
-"""``resumeq serve`` behind Debian's nginx, configured with the README's ``location`` block
+"""``resumeq serve`` behind Debian's nginx, configured with docs/http-api.md's ``location`` block
 (SPEC §21): event streams arrive as they are written, and the console's login and a spill
 requeue work through the proxy in a real browser, its same-site checks taking the host and
 scheme nginx forwards — while a cross-site POST is still refused.
@@ -23,13 +23,14 @@ from browser_support import chromium, shot
 from resumeq.fake import FakeProvider
 from resumeq.store import Store
 from resumeq.testing import RedisServer
-from resumeq.testing.nginx import Nginx, readme_location
+from resumeq.testing.nginx import Nginx, documented_location
 from resumeq.testing.processes import Cluster, wait_for, write_config
 from resumeq.testing.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+#: The page whose nginx example the proxy runs.
+HTTP_API = Path(__file__).resolve().parent.parent / "docs" / "http-api.md"
 TOKENS = {"ops": "operator", "web": "producer"}
 
 
@@ -88,7 +89,7 @@ def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
             cluster.command("serve")
             direct = f"http://127.0.0.1:{port}"
             wait_for(lambda: _up(direct), timeout_s=30, what="resumeq serve")
-            with Nginx(f"127.0.0.1:{port}", readme_location(README)) as nginx:
+            with Nginx(f"127.0.0.1:{port}", documented_location(HTTP_API)) as nginx:
                 yield Proxied(nginx.url, direct, Store.from_url(redis_server.url), fake)
         finally:
             cluster.stop()

@@ -1,6 +1,6 @@
 """Redis as managed services and locked-down deployments run it (SPEC §21): ``CLIENT``
 renamed away, and the usual application ACL (``+@all -@dangerous``, keys and channels as
-the README's minimal ACL has them). Workers, janitors and ``resumeq serve`` run; jobs end
+docs/operations.md's minimal ACL has them). Workers, janitors and ``resumeq serve`` run; jobs end
 exact; each process says once, at WARNING, what it falls back to; a killed worker's jobs
 go on when its leases expire."""
 
@@ -26,8 +26,21 @@ from resumeq.testing.redis_server import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
-#: The README's ACL for a deployment's processes, less what -@dangerous takes.
-ACL = ("~resumeq:*", "~rq:*", "&rq:pubsub:*", "+@all", "-@dangerous")
+OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+
+
+def documented_acl() -> tuple[str, ...]:
+    """The rules of docs/operations.md's ``ACL SETUSER`` line (after the name, ``on`` and the
+    password) less its ``+client|...`` ones: what the processes do without is under test."""
+    text = OPERATIONS.read_text(encoding="utf-8")
+    line = next(line for line in text.splitlines() if line.startswith("ACL SETUSER "))
+    rules = tuple(r for r in line.split()[5:] if not r.startswith("+client|"))
+    assert "-@dangerous" in rules and "~resumeq:*" in rules, line
+    return rules
+
+
+#: The documented ACL for a deployment's processes, less what -@dangerous takes.
+ACL = documented_acl()
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Debian's ``nginx`` in front of a ``resumeq serve``, for tests: a reverse proxy with the
-README's ``location`` block, on a free loopback port, in a directory of its own; a child
-process stopped by PID (SIGQUIT, then SIGKILL), never left behind."""
+``location`` block that docs/http-api.md shows, on a free loopback port, in a directory of
+its own; a child process stopped by PID (SIGQUIT, then SIGKILL), never left behind."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from types import TracebackType
 from resumeq.testing.redis_server import free_port
 
 
-def readme_location(readme: Path) -> str:
-    """The ``location / { ... }`` block of the README's nginx example (what the tests run is
-    what the README shows)."""
-    text = readme.read_text(encoding="utf-8")
+def documented_location(page: Path) -> str:
+    """The ``location / { ... }`` block of the first nginx example in the Markdown ``page``
+    (what the tests run is what the documentation shows)."""
+    text = page.read_text(encoding="utf-8")
     start = text.index("```nginx\n") + len("```nginx\n")
     block = text[start : text.index("```", start)]
     location = block[block.index("location / {") :]
@@ -34,7 +34,7 @@ def readme_location(readme: Path) -> str:
 
 class Nginx:
     """nginx listening on ``port``, passing everything to ``upstream`` (``host:port``) with
-    ``location`` (the README's block; its ``proxy_pass`` target is replaced)."""
+    ``location`` (the documented block; its ``proxy_pass`` target is replaced)."""
 
     def __init__(self, upstream: str, location: str, *, binary: str = "nginx") -> None:
         found = shutil.which(binary) or shutil.which(binary, path="/usr/sbin:/usr/local/sbin")

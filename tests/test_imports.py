@@ -30,7 +30,8 @@ RESUMEQ = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "resume
 
 #: What a command that reads or writes Redis never needs.
 NEVER = ("httpx", "httpcore", "starlette", "jinja2", "uvicorn", "resumeq.server",
-         "resumeq.fake", "resumeq.context", "resumeq.providers", "resumeq.worker")  # fmt: skip
+         "resumeq.fake", "resumeq.context", "resumeq.providers", "resumeq.worker",
+         "resumeq.docs")  # fmt: skip
 #: What ``--version`` and ``--help`` never need, besides.
 NOT_TO_START = (*NEVER, "redis", "rq", "pydantic", "resumeq.store", "resumeq.settings")
 
@@ -135,5 +136,5 @@ def test_an_idle_worker_loads_no_server_console_fake_or_openapi(
     names = imported(proc.output())
     assert "resumeq.concurrent" in names  # the measure saw the worker's own imports
     forbidden = ("starlette", "jinja2", "uvicorn", "resumeq.server", "resumeq.fake",
-                 "resumeq.testing", "schemathesis")  # fmt: skip
+                 "resumeq.testing", "schemathesis", "resumeq.docs")  # fmt: skip
     assert loads(names, forbidden) == []

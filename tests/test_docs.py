@@ -428,7 +428,9 @@ def test_the_readmes_five_minutes_go_as_it_says(
     profile = next(b for b in page.blocks if b.lang == "toml" and 'kind = "fake"' in b.text)
     providers = tomllib.loads(profile.text)["providers"]
     (name,) = providers
-    assert providers[name]["base_url"] == "http://127.0.0.1:9000/v1"  # what step 2 serves
+    served = re.search(r"^resumeq fake-provider --port (\d+)", README.read_text(), re.MULTILINE)
+    assert served is not None
+    assert providers[name]["base_url"] == f"http://127.0.0.1:{served.group(1)}/v1"
     providers[name]["base_url"] = fake.openai_base_url
     cut = next(b for b in page.blocks if "/_fake/faults" in b.text)
     fault = re.search(r"-d '(\[.*?\])'", cut.text, re.DOTALL)

@@ -185,8 +185,8 @@ def job_spec_schema(settings: Settings) -> dict[str, Any]:
                 "type": "integer", "minimum": 1, "maximum": limits.max_budget_tokens,
                 "description": said("budget_tokens", "the most output tokens, all attempts"),
             },
-            "floor_tokens": {
-                "type": "integer", "minimum": 1, "maximum": limits.max_budget_tokens,
+            "floor_tokens": {  # under a budget, which is at most the limit
+                "type": "integer", "minimum": 1, "maximum": max(1, limits.max_budget_tokens - 1),
                 "description": "the smallest remaining budget worth a continuation: less "
                 "than budget_tokens, or 1 (no floor); not given, 32 or half a smaller budget",
             },

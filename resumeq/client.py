@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.typing import KeyT, StreamIdT
@@ -26,9 +26,12 @@ from resumeq import keys
 from resumeq.errors import JobNotFound, StoreError
 from resumeq.models import TERMINAL_STATES, JobRecord, JobState
 from resumeq.producer import cancel_job, enqueue_job
-from resumeq.settings import StoreSettings
-from resumeq.spec import JobSpec, Limits
 from resumeq.store import DEFAULT_QUEUE, Store, _record, decode, redis_errors
+
+if TYPE_CHECKING:
+    from resumeq.defaults import StoreDefaults
+    from resumeq.settings import StoreSettings
+    from resumeq.spec import JobSpec, Limits
 
 #: States no worker moves a job out of on its own: ``wait`` returns on them.
 RESTING_STATES = frozenset({*(s.value for s in JobState if s.terminal), JobState.SPILLED.value})
@@ -268,7 +271,7 @@ class Client:
         self,
         connection: redis.Redis,
         *,
-        settings: StoreSettings | None = None,
+        settings: StoreSettings | StoreDefaults | None = None,
         limits: Limits | None = None,
     ) -> None:
         self.store = Store(connection, settings=settings, limits=limits)

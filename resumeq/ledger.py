@@ -1,4 +1,5 @@
-"""The ledger: one record per attempt, and what a job's attempts add up to (SPEC §6).
+"""The ledger: one record per attempt (SPEC §6); what a job's attempts add up to is
+:mod:`resumeq.ledger_summary`.
 
 Input and output tokens are kept apart: a continuation re-sends input (the prompt and the
 prefix), and the summary's ``input_replay_ratio`` says how much. Counts the provider did not
@@ -7,12 +8,13 @@ report are None, never guessed: a cut OpenAI stream has no usage, and its record
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from resumeq.settings import Prices
+from resumeq.ledger_summary import billed_output, summary
+
+__all__ = ["AttemptRecord", "CountSource", "summary"]
 
 #: Where an attempt's output count came from (``chunks``: counted as the stream came, a
 #: lower bound — a background response's cut attempt, whose total its reattach reads; and
@@ -81,9 +83,12 @@ class AttemptRecord(BaseModel):
     @property
     def billed_output(self) -> int:
         """Output tokens this attempt is charged for: the provider's count where known."""
-        if self.output_tokens is None:
-            return self.output_tokens_persisted + self.unread_output_tokens
-        return self.output_tokens + self.carried_output_tokens + self.unread_output_tokens
+        return billed_output(
+            self.output_tokens,
+            self.output_tokens_persisted,
+            self.carried_output_tokens,
+            self.unread_output_tokens,
+        )
 
     def totals(self) -> dict[str, int]:
         """What this record adds to the running totals (``stats``, the metrics)."""
@@ -107,46 +112,3 @@ class AttemptRecord(BaseModel):
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
-
-
-def summary(
-    attempts: Iterable[Mapping[str, Any]],
-    *,
-    original_input_tokens: int | None = None,
-    prices: Prices | None = None,
-) -> dict[str, Any]:
-    """Totals over a job's ledger: tokens billed and persisted, input replay, money."""
-    records = [AttemptRecord.model_validate(a) for a in attempts]
-    billed_out = sum(r.billed_output for r in records)
-    persisted = sum(r.output_tokens_persisted for r in records)
-    billed_in = sum(r.input_tokens or 0 for r in records)
-    cached_in = sum(r.cached_input_tokens or 0 for r in records)
-    resume_in = sum(r.input_tokens or 0 for r in records if r.kind == "resume")
-    first_in = next((r.input_tokens for r in records if r.input_tokens), None)
-    base_in = original_input_tokens or first_in
-    out: dict[str, Any] = {
-        "attempts": len(records),
-        "resumes": sum(1 for r in records if r.kind == "resume"),
-        "retries": sum(1 for r in records if r.kind == "retry"),
-        "reattaches": sum(1 for r in records if r.kind == "reattach"),
-        "output_tokens_billed": billed_out,
-        "output_tokens_persisted": persisted,
-        "input_tokens_billed": billed_in,
-        "cached_input_tokens": cached_in,
-        "output_counts_complete": all(r.output_tokens is not None for r in records),
-        # Whether the billed figures are final: no attempt's bill is only a lower bound.
-        "counts_complete": not any(r.billed_lower_bound for r in records),
-        "input_replay_ratio": None,
-    }
-    if base_in and resume_in:
-        # What resumes re-sent against the most they could have: prompt plus prefix, each.
-        ceiling = sum(base_in + r.prefix_tokens for r in records if r.kind == "resume")
-        out["input_replay_ratio"] = round(resume_in / ceiling, 4)
-    if prices is not None:
-        cached_price = prices.cached_input if prices.cached_input is not None else prices.input
-        out["cost"] = round(
-            ((billed_in - cached_in) * prices.input + cached_in * cached_price) / 1e6
-            + billed_out * prices.output / 1e6,
-            6,
-        )
-    return out

@@ -1,31 +1,45 @@
-"""The job record as the store returns it, and the small results of store operations."""
+"""The job record as the store returns it, and the small results of store operations.
+
+Plain dataclasses, no pydantic: a record is read field by field from the job hash, and its
+spec is validated into a :class:`~resumeq.spec.JobSpec` when first asked for. What only
+reads a job (``resumeq status``, a page of the console) loads no model for it
+(tests/test_imports.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import functools
+import json
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
-
-from pydantic import BaseModel, ConfigDict
+from typing import TYPE_CHECKING, Any, Literal
 
 from resumeq import states
+from resumeq.errors import CorruptRecord
 from resumeq.identity import pid_of
-from resumeq.spec import JobSpec, Limits
 
-#: A job's states live in :mod:`resumeq.states` (no pydantic there, for the command line).
+if TYPE_CHECKING:
+    from resumeq.spec import JobSpec, Limits
+
+#: A job's states live in :mod:`resumeq.states`.
 JobState = states.JobState
 TERMINAL_STATES = states.TERMINAL_STATES
 
 
-# Stored specs were validated at enqueue under that side's limits; reading one back must
-# not refuse it because this process is configured with tighter ones.
-_READ_LIMITS = Limits(
-    max_messages=2**31,
-    max_prompt_bytes=2**62,
-    max_budget_tokens=2**62,
-    max_metadata_bytes=2**62,
-    max_hooks=2**31,
-)
+@functools.cache
+def _read_limits() -> Limits:
+    """Stored specs were validated at enqueue under that side's limits; reading one back
+    must not refuse it because this process is configured with tighter ones."""
+    from resumeq.spec import Limits  # noqa: PLC0415
+
+    return Limits(
+        max_messages=2**31,
+        max_prompt_bytes=2**62,
+        max_budget_tokens=2**62,
+        max_metadata_bytes=2**62,
+        max_hooks=2**31,
+    )
 
 
 def lease_holder(token: str | None) -> str | None:
@@ -41,13 +55,18 @@ def holder_pid(token: str | None) -> int | None:
     return pid_of(lease_holder(token))
 
 
-class JobRecord(BaseModel):
-    """A snapshot of the job hash. ``revision`` says which write it reflects."""
+@dataclass(frozen=True)
+class JobRecord:
+    """A snapshot of the job hash. ``revision`` says which write it reflects.
 
-    model_config = ConfigDict(frozen=True)
+    ``spec_json`` is the spec as stored (validated when the job was created); ``spec``, the
+    :class:`~resumeq.spec.JobSpec` it holds, validated on first use. ``provider`` and
+    ``model`` are the spec's, read without it."""
 
     id: str
-    spec: JobSpec
+    spec_json: str
+    provider: str
+    model: str
     prompt_hash: str
     state: JobState
     queue: str
@@ -137,7 +156,7 @@ class JobRecord(BaseModel):
         return (
             self.response_id is not None
             and self.response_seq is not None
-            and self.response_for == made_for(self.spec.provider, self.spec.model)
+            and self.response_for == made_for(self.provider, self.model)
         )
 
     @property
@@ -154,18 +173,82 @@ class JobRecord(BaseModel):
     def remaining_tokens(self) -> int:
         return max(0, self.budget_tokens - self.spent_output_tokens)
 
+    @functools.cached_property
+    def spec(self) -> JobSpec:
+        """The spec, validated (once: a frozen record caches it); a stored spec it refuses
+        is a :class:`~resumeq.errors.CorruptRecord`."""
+        from pydantic import ValidationError  # noqa: PLC0415
+
+        from resumeq.spec import JobSpec  # noqa: PLC0415
+
+        try:
+            return JobSpec.model_validate_json(self.spec_json, context={"limits": _read_limits()})
+        except ValidationError as exc:
+            first = str(exc).splitlines()[0]
+            raise CorruptRecord(f"job {self.id}: corrupt record: {first}", job_id=self.id) from None
+
     @classmethod
     def from_hash(cls, fields: Mapping[str, str]) -> JobRecord:
-        data: dict[str, object] = {k: v for k, v in fields.items() if v != ""}
-        data["spec"] = JobSpec.model_validate_json(fields["spec"], context={"limits": _READ_LIMITS})
-        data["counts_exact"] = fields.get("counts_exact", "1") == "1"
-        return cls.model_validate(data)
+        """The record of a job hash (an empty field is an absent one). A hash that is no
+        job's raises :class:`ValueError` naming the field: a required one missing, a
+        number or a state that does not read as one, a spec that is not a JSON object with
+        a provider and a model."""
+        values: dict[str, Any] = {}
+        for name, convert, required in _FIELDS:
+            raw = fields.get(name, "")
+            if raw == "":
+                if required:
+                    raise ValueError(f"{name}: missing")
+                continue
+            try:
+                values[name] = convert(raw)
+            except ValueError:
+                raise ValueError(f"{name}: cannot read {raw[:40]!r}") from None
+        spec = fields.get("spec", "")
+        try:
+            data = json.loads(spec) if spec else None
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise ValueError(f"spec: not a JSON object ({spec[:40]!r})")
+        for name in ("provider", "model"):
+            if not isinstance(data.get(name), str):
+                raise ValueError(f"spec: no {name}")
+            values[name] = data[name]
+        values["spec_json"] = spec
+        values["counts_exact"] = fields.get("counts_exact", "1") == "1"
+        return cls(**values)
 
 
-class Lease(BaseModel):
+_INTEGRAL = re.compile(r"\s*[+-]?[0-9][0-9_]*(?:\.0*)?\s*", re.ASCII)
+
+
+def _integer(raw: str) -> int:
+    """A hash field as an integer, in the forms a script may have written one."""
+    if not _INTEGRAL.fullmatch(raw):
+        raise ValueError(raw)
+    return int(raw.strip().partition(".")[0])
+
+
+_READERS: dict[str, Callable[[str], Any]] = {
+    "int": _integer,
+    "int | None": _integer,
+    "str": str,
+    "str | None": str,
+    "JobState": JobState,
+}
+#: How each hash field is read, from the record's own annotations: ``(field, reader,
+#: required)``. ``spec`` and ``counts_exact`` are read apart.
+_FIELDS = tuple(
+    (f.name, _READERS[str(f.type)], f.default is dataclasses.MISSING)
+    for f in dataclasses.fields(JobRecord)
+    if f.name not in ("spec_json", "provider", "model", "counts_exact")
+)
+
+
+@dataclass(frozen=True)
+class Lease:
     """Ownership of a job: present the token with every durable write."""
-
-    model_config = ConfigDict(frozen=True)
 
     job_id: str
     token: str
@@ -174,26 +257,23 @@ class Lease(BaseModel):
     ttl_ms: int
 
 
-class Acquired(BaseModel):
+@dataclass(frozen=True)
+class Acquired:
     """What ``acquire`` and ``reap`` hand over: the lease and the record as of it."""
-
-    model_config = ConfigDict(frozen=True)
 
     lease: Lease
     record: JobRecord
 
 
-class CreateResult(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+@dataclass(frozen=True)
+class CreateResult:
     id: str
     #: False when an idempotency key returned a job created earlier.
     created: bool
 
 
-class FlushResult(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+@dataclass(frozen=True)
+class FlushResult:
     revision: int
     spent_output_tokens: int
     #: Length of the stored prefix in bytes (UTF-8) after the append.

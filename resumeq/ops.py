@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from resumeq import keys, states
 from resumeq.errors import ConfigError, JobNotFound, ProviderError, ResumeqError
-from resumeq.ledger import summary
+from resumeq.ledger_summary import summary
 from resumeq.models import JobRecord, JobState
 from resumeq.store import Store, decode, redis_errors
 
@@ -62,8 +62,8 @@ def status_dict(store: Store, job_id: str) -> dict[str, Any]:
         "reason": record.reason,
         "spill_count": record.spill_count,
         "queue": record.queue,
-        "provider": record.spec.provider,
-        "model": record.spec.model,
+        "provider": record.provider,
+        "model": record.model,
         "prompt_hash": record.prompt_hash,
         "owner": record.owner,
         "created_ms": record.created_ms,
@@ -274,8 +274,8 @@ def job_entry(record: JobRecord) -> dict[str, Any]:
         "id": record.id,
         "state": record.state.value,
         "queue": record.queue,
-        "provider": record.spec.provider,
-        "model": record.spec.model,
+        "provider": record.provider,
+        "model": record.model,
         "attempt": record.attempt,
         "spent_output_tokens": record.spent_output_tokens,
         "budget_tokens": record.budget_tokens,
@@ -293,7 +293,7 @@ def spill_entry(store: Store, record: JobRecord, text: str | None = None) -> dic
         "prefix_chars": len(text if text is not None else store.text(record.id)),
         "spent_output_tokens": record.spent_output_tokens,
         "budget_tokens": record.budget_tokens,
-        "provider": record.spec.provider,
+        "provider": record.provider,
         "queue": record.queue,
     }
 
@@ -312,7 +312,7 @@ class SpillFilter:
     def matches(self, record: JobRecord, now_ms: int) -> bool:
         if self.reason and self.reason.lower() not in (record.reason or "").lower():
             return False
-        if self.provider and record.spec.provider != self.provider:
+        if self.provider and record.provider != self.provider:
             return False
         if self.queue and record.queue != self.queue:
             return False

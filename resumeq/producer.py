@@ -4,7 +4,7 @@ outbox; then the attempt's RQ job."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -12,8 +12,10 @@ from resumeq import outbox
 from resumeq.errors import JobNotFound
 from resumeq.models import CreateResult
 from resumeq.queueing import discard_waiting
-from resumeq.spec import JobSpec
 from resumeq.store import DEFAULT_QUEUE, Store
+
+if TYPE_CHECKING:
+    from resumeq.spec import JobSpec
 
 
 def enqueue_job(

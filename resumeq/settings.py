@@ -8,7 +8,6 @@ is a :class:`~resumeq.errors.ConfigError` that names the file and the field.
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
 import tomllib
 from pathlib import Path
@@ -23,10 +22,10 @@ from pydantic import (
     model_validator,
 )
 
+from resumeq import defaults
+from resumeq.defaults import DEFAULT_REDIS_URL, STORE_DEFAULTS
 from resumeq.errors import ConfigError
 from resumeq.spec import Limits
-
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 
 _TAIL_RE = re.compile(r"^tail:([1-9][0-9]*)$")
 
@@ -225,20 +224,20 @@ class StoreSettings(BaseModel):
 
     #: Terminal jobs (their text, events, ledger and idempotency key too) expire after this
     #: long.
-    retention_s: int = Field(default=7 * 24 * 3600, gt=0)
+    retention_s: int = Field(default=STORE_DEFAULTS.retention_s, gt=0)
     #: After a job ends, its followers have this long to read its events stream; then the
     #: janitor removes it (the text is kept once, compactly, in the text key, and
     #: a follower that comes later reads it there).
-    events_grace_s: float = Field(default=60.0, ge=0)
+    events_grace_s: float = Field(default=STORE_DEFAULTS.events_grace_s, ge=0)
     #: When a checkpoint counts as durable. ``primary``: once the primary applied it (a
     #: failover can lose the last checkpoints: the job resumes from an older prefix and
     #: buys those tokens again). ``replica``: once a replica acknowledged it too (``WAIT
     #: 1``); followers are shown only text a replica holds, so a failover never takes back
     #: text anyone saw. See RELIABILITY.md.
-    durability: Literal["primary", "replica"] = "primary"
+    durability: Literal["primary", "replica"] = STORE_DEFAULTS.durability
     #: With ``durability = "replica"``: how long a write waits for a replica before it is
     #: sent again (as when Redis is down: the attempt stops once its lease would expire).
-    replica_timeout_ms: int = Field(default=1000, gt=0, le=60_000)
+    replica_timeout_ms: int = Field(default=STORE_DEFAULTS.replica_timeout_ms, gt=0, le=60_000)
 
 
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -400,12 +399,6 @@ def load_settings(*, redis_url: str | None = None, config_path: Path | None = No
     The two variables are read from the environment directly (a variable set to the empty
     string counts as unset): a settings library for two strings cost every worker process
     some 2 MB of memory (BENCHMARKS.md §4)."""
-    path = config_path or _env_path("RESUMEQ_CONFIG")
+    path = defaults.config_path(config_path)
     file = load_config_file(path) if path is not None else ConfigFile()
-    url = redis_url or os.environ.get("RESUMEQ_REDIS_URL") or DEFAULT_REDIS_URL
-    return Settings(redis_url=url, config_path=path, file=file)
-
-
-def _env_path(name: str) -> Path | None:
-    value = os.environ.get(name, "")
-    return Path(value) if value else None
+    return Settings(redis_url=defaults.redis_url(redis_url), config_path=path, file=file)

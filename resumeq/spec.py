@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from resumeq.defaults import LIMIT_DEFAULTS
 from resumeq.errors import FieldError, InvalidSpec
 from resumeq.keys import IDEMPOTENCY_KEY_RE
 
@@ -129,11 +130,11 @@ class Limits(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_messages: int = Field(default=256, gt=0)
-    max_prompt_bytes: int = Field(default=1_048_576, gt=0)
-    max_budget_tokens: int = Field(default=65_536, gt=0)
-    max_metadata_bytes: int = Field(default=4_096, gt=0)
-    max_hooks: int = Field(default=8, ge=0)
+    max_messages: int = Field(default=LIMIT_DEFAULTS.max_messages, gt=0)
+    max_prompt_bytes: int = Field(default=LIMIT_DEFAULTS.max_prompt_bytes, gt=0)
+    max_budget_tokens: int = Field(default=LIMIT_DEFAULTS.max_budget_tokens, gt=0)
+    max_metadata_bytes: int = Field(default=LIMIT_DEFAULTS.max_metadata_bytes, gt=0)
+    max_hooks: int = Field(default=LIMIT_DEFAULTS.max_hooks, ge=0)
 
 
 DEFAULT_LIMITS = Limits()

@@ -21,13 +21,14 @@ import uuid
 import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Literal, NoReturn, TypeVar, cast
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast
 
 import redis
 
 from resumeq import keys
 from resumeq.connection import connect
+from resumeq.defaults import STORE_DEFAULTS, StoreDefaults
 from resumeq.errors import (
     CorruptRecord,
     IdempotencyConflict,
@@ -41,7 +42,6 @@ from resumeq.errors import (
     StaleRevision,
     StoreError,
 )
-from resumeq.ledger import AttemptRecord
 from resumeq.models import (
     Acquired,
     CreateResult,
@@ -52,8 +52,10 @@ from resumeq.models import (
     lease_holder,
 )
 from resumeq.scripts import Scripts
-from resumeq.settings import StoreSettings
-from resumeq.spec import DEFAULT_LIMITS, JobSpec, Limits, parse_spec
+
+if TYPE_CHECKING:
+    from resumeq.settings import StoreSettings
+    from resumeq.spec import JobSpec, Limits
 
 R = TypeVar("R")
 
@@ -201,14 +203,15 @@ class Store:
         self,
         client: redis.Redis,
         *,
-        settings: StoreSettings | None = None,
+        settings: StoreSettings | StoreDefaults | None = None,
         limits: Limits | None = None,
     ) -> None:
         self.redis = client
         #: Providers this process registered already (:meth:`_note_provider`).
         self._providers_noted: set[str] = set()
-        self.settings = settings or StoreSettings()
-        self.limits = limits or DEFAULT_LIMITS
+        self.settings: StoreSettings | StoreDefaults = settings or STORE_DEFAULTS
+        #: The limits specs are validated against (None: the defaults).
+        self.limits = limits
         self._scripts = Scripts(client)
 
     @property
@@ -244,6 +247,8 @@ class Store:
         idempotency key, a second create answers the first job's id (``created=False``),
         or raises :class:`~resumeq.errors.IdempotencyConflict` if the prompt differs.
         """
+        from resumeq.spec import parse_spec  # noqa: PLC0415
+
         spec = parse_spec(spec, limits=self.limits)
         check_queue(queue)
         job_id = keys.check_job_id(job_id) if job_id is not None else uuid.uuid4().hex
@@ -381,6 +386,8 @@ class Store:
                         "(else the job spills again at once)"
                     )
                 update["floor_tokens"] = floor
+            from resumeq.spec import parse_spec  # noqa: PLC0415
+
             edited = record.spec.model_dump(mode="json") | update
             spec = parse_spec(edited, limits=self.limits)
             spec_json, new_hash = spec.to_json(), spec.prompt_hash()
@@ -910,7 +917,7 @@ class Store:
         status, *rest = reply
         if status != "ok":
             self._refused(status, rest, lease.job_id, "renew")
-        return lease.model_copy(update={"deadline_ms": int(rest[0])})
+        return replace(lease, deadline_ms=int(rest[0]))
 
     def flush(
         self,
@@ -1253,7 +1260,8 @@ class Store:
             try:
                 if not fields:
                     raise JobNotFound(f"no job {job_id}", job_id=job_id)
-                out.append(_record(job_id, {_s(k): _s(v) for k, v in fields.items()}))
+                decoded = {_s(k): _s(v) for k, v in fields.items()}
+                out.append(_record(job_id, decoded, check_spec=True))
             except StoreError as exc:
                 out.append(exc)
         return out
@@ -1439,7 +1447,7 @@ class Store:
     def _acquired(self, job_id: str, rest: list[Any], ttl_ms: int) -> Acquired:
         token, deadline, *flat = rest
         lease = Lease(job_id=job_id, token=_s(token), deadline_ms=int(deadline), ttl_ms=ttl_ms)
-        return Acquired(lease=lease, record=_record(job_id, _pairs(flat)))
+        return Acquired(lease=lease, record=_record(job_id, _pairs(flat), check_spec=True))
 
     def _refused(
         self,
@@ -1526,6 +1534,8 @@ def _totals_json(entry: Mapping[str, Any] | None) -> str:
     counts as an attempt and nothing more."""
     if entry is None:
         return ""
+    from resumeq.ledger import AttemptRecord  # noqa: PLC0415 - the writers' model, not a reader's
+
     try:
         deltas = AttemptRecord.model_validate(entry).totals()
     except ValueError:
@@ -1537,12 +1547,17 @@ def _idempotency_keys(key: str | None) -> list[str]:
     return [keys.idempotency(key)] if key else []
 
 
-def _record(job_id: str, fields: dict[str, str]) -> JobRecord:
+def _record(job_id: str, fields: dict[str, str], *, check_spec: bool = False) -> JobRecord:
+    """The record of a job hash, or :class:`~resumeq.errors.CorruptRecord`. Its spec is
+    validated when first used, or now with ``check_spec`` (what a worker or a janitor is
+    about to act on: a spec it cannot read fails the job there, not in its attempt)."""
     try:
-        return JobRecord.from_hash(fields)
-    except (KeyError, ValueError) as exc:  # pydantic's ValidationError is a ValueError
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CorruptRecord(f"job {job_id}: corrupt record: {first}", job_id=job_id) from None
+        record = JobRecord.from_hash(fields)
+    except ValueError as exc:
+        raise CorruptRecord(f"job {job_id}: corrupt record: {exc}", job_id=job_id) from None
+    if check_spec:
+        record.spec  # noqa: B018 - validated now: CorruptRecord here
+    return record
 
 
 def _ledger_json(entry: Mapping[str, Any] | None) -> str:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
+from resumeq.defaults import DEFAULT_REDIS_URL, LIMIT_DEFAULTS, STORE_DEFAULTS
 from resumeq.errors import ConfigError
-from resumeq.settings import load_settings
+from resumeq.settings import Settings, StoreSettings, load_settings
+from resumeq.spec import Limits
 
 EXAMPLE = """
 [providers.local]
@@ -138,3 +141,11 @@ def test_a_config_variable_naming_no_file_is_a_clear_error(
     monkeypatch.setenv("RESUMEQ_CONFIG", str(tmp_path / "missing.toml"))
     with pytest.raises(ConfigError, match=r"cannot read config file .*missing\.toml"):
         load_settings()
+
+
+def test_the_defaults_without_a_model_are_the_models_defaults() -> None:
+    """What a command without a config file hands the store (resumeq.defaults) is what
+    the settings models default to."""
+    assert StoreSettings().model_dump() == dataclasses.asdict(STORE_DEFAULTS)
+    assert Limits().model_dump() == dataclasses.asdict(LIMIT_DEFAULTS)
+    assert Settings().redis_url == DEFAULT_REDIS_URL

@@ -6,14 +6,17 @@ the worker's code path."""
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, get_args
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from worker_support import attempt_runner, run_to_rest
 
 from resumeq import ops
 from resumeq.fake import FakeProvider
-from resumeq.ledger import AttemptRecord, summary
+from resumeq.ledger import AttemptRecord, CountSource, summary
+from resumeq.settings import Prices
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import wait_for
@@ -22,8 +25,12 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def profile(fake: FakeProvider) -> dict[str, Any]:
-    return {"kind": "openai", "base_url": fake.openai_base_url, "counting": "usage",
-            "stall_timeout_s": 5}  # fmt: skip
+    return {
+        "kind": "openai",
+        "base_url": fake.openai_base_url,
+        "counting": "usage",
+        "stall_timeout_s": 5,
+    }
 
 
 def test_a_cancelled_attempt_records_what_it_was_billed(
@@ -108,10 +115,106 @@ def test_an_attempt_in_flight_makes_the_counts_incomplete(real_store: Store) -> 
     assert info["output_tokens_persisted"] == info["output_tokens_billed"] == 0
     summary = ops.status_dict(real_store, job_id)["summary"]
     assert summary["attempt_in_flight"] and not summary["counts_complete"]
-    real_store.finish(got.lease, state="done", finish_reason="stop", ledger=AttemptRecord(
-        attempt=1, kind="fresh", worker="w1", outcome="done", output_tokens=3,
-        output_tokens_persisted=3, counts_exact=True, count_source="usage",
-    ).to_json_dict())  # fmt: skip
+    real_store.finish(
+        got.lease,
+        state="done",
+        finish_reason="stop",
+        ledger=AttemptRecord(
+            attempt=1,
+            kind="fresh",
+            worker="w1",
+            outcome="done",
+            output_tokens=3,
+            output_tokens_persisted=3,
+            counts_exact=True,
+            count_source="usage",
+        ).to_json_dict(),
+    )
     summary = ops.status_dict(real_store, job_id)["summary"]
     assert not summary["attempt_in_flight"] and summary["counts_complete"]
     assert ops.stats(real_store)["counts_complete"]
+
+
+counts = st.none() | st.integers(0, 10_000)
+records = st.builds(
+    AttemptRecord,
+    attempt=st.integers(1, 9),
+    kind=st.sampled_from(["fresh", "retry", "resume", "reattach"]),
+    worker=st.just("w"),
+    outcome=st.sampled_from(["finished", "cut", "cancelled"]),
+    input_tokens=counts,
+    cached_input_tokens=counts,
+    output_tokens=counts,
+    output_tokens_persisted=st.integers(0, 10_000),
+    carried_output_tokens=st.integers(0, 500),
+    unread_output_tokens=st.integers(0, 500),
+    prefix_tokens=st.integers(0, 5_000),
+    count_source=st.sampled_from(get_args(CountSource)),
+    billed_lower_bound=st.booleans(),
+)
+
+
+def by_the_model(
+    ledger: list[dict[str, Any]], original: int | None, prices: Prices | None
+) -> dict[str, Any]:
+    """The ledger's totals read through the records' model (as summary read them before
+    it read stored records as they are)."""
+    rs = [AttemptRecord.model_validate(a) for a in ledger]
+    billed_in = sum(r.input_tokens or 0 for r in rs)
+    cached_in = sum(r.cached_input_tokens or 0 for r in rs)
+    resume_in = sum(r.input_tokens or 0 for r in rs if r.kind == "resume")
+    base = original or next((r.input_tokens for r in rs if r.input_tokens), None)
+    out: dict[str, Any] = {
+        "attempts": len(rs),
+        "resumes": sum(r.kind == "resume" for r in rs),
+        "retries": sum(r.kind == "retry" for r in rs),
+        "reattaches": sum(r.kind == "reattach" for r in rs),
+        "output_tokens_billed": sum(r.billed_output for r in rs),
+        "output_tokens_persisted": sum(r.output_tokens_persisted for r in rs),
+        "input_tokens_billed": billed_in,
+        "cached_input_tokens": cached_in,
+        "output_counts_complete": all(r.output_tokens is not None for r in rs),
+        "counts_complete": not any(r.billed_lower_bound for r in rs),
+        "input_replay_ratio": None,
+    }
+    if base and resume_in:
+        ceiling = sum(base + r.prefix_tokens for r in rs if r.kind == "resume")
+        out["input_replay_ratio"] = round(resume_in / ceiling, 4)
+    if prices is not None:
+        cached = prices.cached_input if prices.cached_input is not None else prices.input
+        out["cost"] = round(
+            ((billed_in - cached_in) * prices.input + cached_in * cached) / 1e6
+            + out["output_tokens_billed"] * prices.output / 1e6,
+            6,
+        )
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ledger=st.lists(records, max_size=5),
+    older=st.lists(
+        st.sampled_from(
+            [
+                "carried_output_tokens",
+                "unread_output_tokens",
+                "billed_lower_bound",
+                "prefix_tokens",
+                "cached_input_tokens",
+            ]
+        ),
+        max_size=3,
+    ),
+    original=st.none() | st.integers(1, 1000),
+    priced=st.booleans(),
+)
+def test_the_summary_of_stored_records_is_the_models(
+    ledger: list[AttemptRecord], older: list[str], original: int | None, priced: bool
+) -> None:
+    """Stored records summed as they are, fields a record of an earlier version lacks
+    counted as the model's defaults."""
+    stored = [{k: v for k, v in r.to_json_dict().items() if k not in older} for r in ledger]
+    prices = Prices(input=3.0, cached_input=0.3, output=15.0) if priced else None
+    assert summary(stored, original_input_tokens=original, prices=prices) == by_the_model(
+        stored, original, prices
+    )

@@ -415,6 +415,39 @@ def test_a_damaged_record_reads_as_corrupt(store: Store, damage: Any) -> None:
         store.get(job_id)
 
 
+def test_a_stored_spec_the_model_refuses_is_corrupt_when_used_and_at_acquire(
+    store: Store,
+) -> None:
+    """A record is read without its spec's model (``resumeq status``): a spec that is JSON
+    with a provider and a model, but no valid spec, shows as corrupt where it is used, and
+    a worker's acquire raises it at once."""
+    job_id = store.create(spec()).id
+    store.redis.hset(keys.job(job_id), "spec", '{"provider": "p", "model": "m"}')
+    record = store.get(job_id)
+    assert (record.provider, record.model, record.state) == ("p", "m", JobState.QUEUED)
+    with pytest.raises(CorruptRecord, match=f"job {job_id}: corrupt record"):
+        record.spec  # noqa: B018
+    with pytest.raises(CorruptRecord, match=f"job {job_id}: corrupt record"):
+        store.acquire(job_id, worker="w1", ttl_ms=1000)  # the worker fails the job there
+
+
+@pytest.mark.parametrize(
+    ("field", "raw", "message"),
+    [
+        ("spec", '{"provider": "p"}', "spec: no model"),
+        ("attempt", "1.5", "attempt: cannot read"),
+        ("queue", "", "queue: missing"),
+    ],
+)
+def test_a_damaged_record_says_which_field(
+    store: Store, field: str, raw: str, message: str
+) -> None:
+    job_id = store.create(spec()).id
+    store.redis.hset(keys.job(job_id), field, raw)
+    with pytest.raises(CorruptRecord, match=f"job {job_id}: corrupt record: {message}"):
+        store.get(job_id)
+
+
 # -- exact and estimated counts ----------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import click
 
+from resumeq import defaults
 from resumeq.errors import ConfigError, JobNotFound, ResumeqError
 
 if TYPE_CHECKING:
@@ -32,13 +33,23 @@ EXIT_NOT_FOUND = 3
 
 
 class Context:
-    """What the group's options resolve to, shared by the commands."""
+    """What the group's options resolve to, shared by the commands.
+
+    Without a config file nothing is built from one: the store gets the defaults
+    (:mod:`resumeq.defaults`), and a command that only reads or writes Redis loads no
+    settings model."""
 
     def __init__(self, redis_url: str | None, config: Path | None) -> None:
         self._redis_url = redis_url
         self._config = config
+        self._checked_url: str | None = None
         self._settings: Settings | None = None
         self._store: Store | None = None
+
+    @property
+    def configured(self) -> bool:
+        """Whether a config file is given (``--config`` or ``RESUMEQ_CONFIG``)."""
+        return defaults.config_path(self._config) is not None
 
     @property
     def settings(self) -> Settings:
@@ -46,7 +57,7 @@ class Context:
             from resumeq.settings import load_settings  # noqa: PLC0415
 
             settings = load_settings(redis_url=self._redis_url, config_path=self._config)
-            _check_sentinels(settings.redis_url)
+            self._url()
             self._settings = settings
         return self._settings
 
@@ -55,11 +66,22 @@ class Context:
         if self._store is None:
             from resumeq.store import Store  # noqa: PLC0415
 
-            file = self.settings.file
-            self._store = Store.from_url(
-                self.settings.redis_url, settings=file.store, limits=file.limits
-            )
+            if self.configured:
+                file = self.settings.file
+                self._store = Store.from_url(
+                    self.settings.redis_url, settings=file.store, limits=file.limits
+                )
+            else:
+                self._store = Store.from_url(self._url())
         return self._store
+
+    def _url(self) -> str:
+        """The Redis URL, its Sentinel deployment (if it names one) asked once."""
+        if self._checked_url is None:
+            url = defaults.redis_url(self._redis_url)
+            _check_sentinels(url)
+            self._checked_url = url
+        return self._checked_url
 
     def audit(self, action: str, jobs: list[str], detail: str = "") -> None:
         """An operator action from the command line, in the audit log (as the login name

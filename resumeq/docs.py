@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from resumeq import spec
+from resumeq import spec, spec_rules
 from resumeq.keys import IDEMPOTENCY_KEY_RE
 
 __all__ = ["EXAMPLE", "jobspec_reference"]
@@ -73,11 +73,11 @@ RULES: dict[tuple[type[BaseModel], str], tuple[str, ...]] = {
         "not with `messages`: give one of the two",
     ),
     (spec.JobSpec, "provider"): (
-        f"matches `{spec.NAME_PATTERN}`",
+        f"matches `{spec_rules.NAME_PATTERN}`",
         _NOT_REFUSED,
         "over HTTP, one of the serving config's profiles (the OpenAPI document's enum)",
     ),
-    (spec.JobSpec, "model"): (f"matches `{spec.MODEL_PATTERN}`", _NOT_REFUSED),
+    (spec.JobSpec, "model"): (f"matches `{spec_rules.MODEL_PATTERN}`", _NOT_REFUSED),
     (spec.JobSpec, "budget_tokens"): (f"at most {_limit('max_budget_tokens')}",),
     (spec.JobSpec, "floor_tokens"): ("less than `budget_tokens`, or 1 (no floor)",),
     (spec.JobSpec, "idempotency_key"): (
@@ -93,7 +93,7 @@ RULES: dict[tuple[type[BaseModel], str], tuple[str, ...]] = {
     ),
     (spec.JobSpec, "hooks"): (
         f"at most {_limit('max_hooks')} names, none twice",
-        f"each matches `{spec.NAME_PATTERN}`, {_NOT_REFUSED}",
+        f"each matches `{spec_rules.NAME_PATTERN}`, {_NOT_REFUSED}",
     ),
     (spec.GenerationParams, "stop"): ("each sequence 1 to 64 characters",),
 }
@@ -101,17 +101,17 @@ RULES: dict[tuple[type[BaseModel], str], tuple[str, ...]] = {
 #: Defaults that a model validator derives from other fields.
 DERIVED_DEFAULTS: dict[tuple[type[BaseModel], str], str] = {
     (spec.JobSpec, "floor_tokens"): (
-        f"{spec.DEFAULT_FLOOR_TOKENS}, or half a budget under {2 * spec.DEFAULT_FLOOR_TOKENS} "
-        "(at least 1)"
+        f"{spec_rules.DEFAULT_FLOOR_TOKENS}, or half a budget under "
+        f"{2 * spec_rules.DEFAULT_FLOOR_TOKENS} (at least 1)"
     ),
 }
 
 #: What the strict JSON readers in a field's annotation refuse.
 _STRICT: dict[Callable[[Any], Any], str] = {
-    spec.json_integer: "a JSON integer: a string, a boolean or a fraction is refused "
+    spec_rules.json_integer: "a JSON integer: a string, a boolean or a fraction is refused "
     "(`800.0` is 800)",
-    spec.json_number: "a JSON number: a string or a boolean is refused",
-    spec.json_boolean: "`true` or `false`: 0, 1 or a string is refused",
+    spec_rules.json_number: "a JSON number: a string or a boolean is refused",
+    spec_rules.json_boolean: "`true` or `false`: 0, 1 or a string is refused",
 }
 
 _BOUNDS: tuple[tuple[type[Any], str, str], ...] = (

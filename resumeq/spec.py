@@ -1,4 +1,5 @@
-"""What a producer submits: the JobSpec, its limits, and the canonical prompt hash.
+"""What a producer submits: the JobSpec and its limits (the rules they validate with,
+the patterns, and the canonical prompt hash are :mod:`resumeq.spec_rules`).
 
 A spec names a provider *profile* (configured on the workers, where the API keys live),
 never a URL, a header or a key: a producer must not be able to point workers at an
@@ -8,10 +9,7 @@ like a URL or a credential and refused with a message that names the field.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import math
-import re
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -30,99 +28,27 @@ from pydantic import (
 
 from resumeq.defaults import LIMIT_DEFAULTS
 from resumeq.errors import FieldError, InvalidSpec
-from resumeq.keys import IDEMPOTENCY_KEY_RE
-
-#: Version of the canonical form hashed by :meth:`JobSpec.prompt_hash`.
-PROMPT_HASH_VERSION = 1
-#: The floor of a job that gives none, unless its budget is under twice this.
-DEFAULT_FLOOR_TOKENS = 32
-
-
-def json_integer(value: Any) -> Any:
-    """A JSON integer, as JSON Schema has it: an int, or a number with no fractional part
-    (``800.0`` is 800). Never a string, a boolean or a fraction: pydantic's lax mode would
-    take ``"800"`` and ``true``."""
-    if isinstance(value, bool):
-        raise ValueError("must be an integer, not a boolean")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        if math.isfinite(value) and value.is_integer():
-            return int(value)
-        raise ValueError(f"must be an integer, got {value!r}")
-    if isinstance(value, str):
-        raise ValueError(f"must be an integer, not a string ({value[:40]!r})")
-    return value  # None where allowed; anything else is refused by the type
-
-
-def json_number(value: Any) -> Any:
-    """A JSON number: never a string or a boolean."""
-    if isinstance(value, bool):
-        raise ValueError("must be a number, not a boolean")
-    if isinstance(value, str):
-        raise ValueError(f"must be a number, not a string ({value[:40]!r})")
-    return value
-
-
-def json_boolean(value: Any) -> Any:
-    """A JSON boolean: ``true`` or ``false``, never 0, 1 or a string such as ``"yes"``
-    (which pydantic's lax mode would read as one)."""
-    if isinstance(value, bool):
-        return value
-    raise ValueError(f"must be true or false, not {type(value).__name__} {str(value)[:40]!r}")
-
+from resumeq.spec_rules import (
+    DEFAULT_FLOOR_TOKENS,
+    NAME_RE,
+    check_budget,
+    check_floor,
+    check_idempotency_key,
+    check_model,
+    check_prompt,
+    check_provider,
+    default_floor,
+    json_boolean,
+    json_integer,
+    json_number,
+    prompt_hash,
+    refuse_url_or_secret,
+)
 
 #: Integer, number and boolean fields of a job spec, as strict as JSON is.
 JsonInt = Annotated[int, BeforeValidator(json_integer)]
 JsonFloat = Annotated[float, BeforeValidator(json_number)]
 JsonBool = Annotated[bool, BeforeValidator(json_boolean)]
-
-#: The patterns a spec's identifiers are held to, written once for Python's ``re`` and for
-#: the JSON Schema (ECMA 262) the HTTP API publishes (:mod:`resumeq.server.openapi`): no
-#: flags, no look-behind, explicit character classes where the two engines read a shorthand
-#: differently (``\s``), and ``\b`` read as ASCII by both (compiled with ``re.ASCII``).
-#: Anchored ones are matched whole (``fullmatch``: Python's ``$`` would also match before a
-#: final newline).
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,199}$"
-#: White space as ``str.isspace`` has it (what ``str.strip`` removes), spelled out.
-SPACE_CLASS = r"\t\n\x0b\x0c\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
-#: Something other than white space: a prompt is not empty.
-NOT_BLANK_PATTERN = f"[^{SPACE_CLASS}]"
-URL_PATTERN = f"^[{SPACE_CLASS}]*(?:[A-Za-z][A-Za-z0-9+.-]*://|//|[Ww][Ww][Ww]\\.)"
-SECRET_PATTERNS = (
-    r"\bsk-[A-Za-z0-9_-]{16,}",  # OpenAI, Anthropic (sk-ant-…), DeepSeek
-    r"\bAKIA[0-9A-Z]{16}\b",  # AWS access key id
-    r"\bAIza[0-9A-Za-z_-]{30,}",  # Google API key
-    r"\b(?:ghp|gho|ghs|github_pat)_[A-Za-z0-9_]{20,}",  # GitHub tokens
-    r"\bxox[abprs]-[A-Za-z0-9-]{10,}",  # Slack tokens
-    r"\bhf_[A-Za-z0-9]{20,}",  # Hugging Face tokens
-    # an Authorization header
-    f"^[{SPACE_CLASS}]*(?:[Bb][Ee][Aa][Rr][Ee][Rr]|[Bb][Aa][Ss][Ii][Cc])[{SPACE_CLASS}]+"
-    f"[^{SPACE_CLASS}]{{8,}}",
-)
-
-_NAME_RE = re.compile(NAME_PATTERN)
-_MODEL_RE = re.compile(MODEL_PATTERN)
-_NOT_BLANK_RE = re.compile(NOT_BLANK_PATTERN)
-_URL_RE = re.compile(URL_PATTERN, re.ASCII)
-_SECRET_RES = tuple(re.compile(p, re.ASCII) for p in SECRET_PATTERNS)
-
-
-def looks_like_url(value: str) -> bool:
-    return bool(_URL_RE.search(value))
-
-
-def looks_like_secret(value: str) -> bool:
-    return any(p.search(value) for p in _SECRET_RES)
-
-
-def _refuse_url_or_secret(value: str, what: str) -> str:
-    if looks_like_url(value):
-        raise ValueError(f"must be {what}, not a URL")
-    if looks_like_secret(value):
-        raise ValueError(f"must be {what}; it looks like a credential, which a job never carries")
-    return value
 
 
 class Limits(BaseModel):
@@ -162,13 +88,6 @@ class Message(BaseModel):
 
     role: Role = Field(description="Who speaks: `system`, `user` or `assistant`.")
     content: str = Field(description="The message's text.")
-
-
-def default_floor(budget_tokens: int) -> int:
-    """The floor of a job that gives none: :data:`DEFAULT_FLOOR_TOKENS`, or half the budget
-    when that is less (a job of 10 tokens resumes with 5 or more left), and never under 1
-    (a budget of 1, 2 or 3 has a floor of 1: no floor)."""
-    return max(1, min(DEFAULT_FLOOR_TOKENS, budget_tokens // 2))
 
 
 class GenerationParams(BaseModel):
@@ -334,38 +253,22 @@ class JobSpec(BaseModel):
             return v
         if has_messages:
             raise ValueError("give either messages or prompt, not both")
-        if not _NOT_BLANK_RE.search(v):
-            raise ValueError("must not be empty")
-        limits = _limits(info)
-        size = len(v.encode("utf-8"))
-        if size > limits.max_prompt_bytes:
-            raise ValueError(f"is {size} bytes, over the limit of {limits.max_prompt_bytes}")
-        return v
+        return check_prompt(v, _limits(info).max_prompt_bytes)
 
     @field_validator("provider")
     @classmethod
     def _check_provider(cls, v: str) -> str:
-        what = "the name of a provider profile configured on the workers"
-        _refuse_url_or_secret(v, what)
-        if not _NAME_RE.fullmatch(v):
-            raise ValueError(f"must be {what} (letters, digits, '_', '.', '-'; up to 64)")
-        return v
+        return check_provider(v)
 
     @field_validator("model")
     @classmethod
     def _check_model(cls, v: str) -> str:
-        _refuse_url_or_secret(v, "a model name")
-        if not _MODEL_RE.fullmatch(v):
-            raise ValueError("must be a model name (no white space; up to 200 characters)")
-        return v
+        return check_model(v)
 
     @field_validator("budget_tokens")
     @classmethod
     def _check_budget(cls, v: int, info: ValidationInfo) -> int:
-        limit = _limits(info).max_budget_tokens
-        if v > limit:
-            raise ValueError(f"must be at most {limit}, got {v if v < 10**15 else f'{v:.3g}'}")
-        return v
+        return check_budget(v, _limits(info).max_budget_tokens)
 
     @model_validator(mode="before")
     @classmethod
@@ -385,22 +288,12 @@ class JobSpec(BaseModel):
     @field_validator("floor_tokens")
     @classmethod
     def _check_floor(cls, v: int, info: ValidationInfo) -> int:
-        budget = info.data.get("budget_tokens")
-        if budget is None or v == 1 or v < budget:
-            return v
-        if budget == 1:
-            raise ValueError(f"must be 1 when budget_tokens is 1, got {v}")
-        raise ValueError(f"must be less than budget_tokens ({budget}), got {v}")
+        return check_floor(v, info.data.get("budget_tokens"))
 
     @field_validator("idempotency_key")
     @classmethod
     def _check_idempotency_key(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        _refuse_url_or_secret(v, "an opaque key")
-        if not IDEMPOTENCY_KEY_RE.fullmatch(v):
-            raise ValueError("must be 1 to 200 characters from [A-Za-z0-9_.:@/+=-]")
-        return v
+        return v if v is None else check_idempotency_key(v)
 
     @field_validator("metadata")
     @classmethod
@@ -413,7 +306,7 @@ class JobSpec(BaseModel):
             if not key or len(key) > 64:
                 raise ValueError(f"key {key[:70]!r} must be 1 to 64 characters")
         for s in _strings(v):
-            _refuse_url_or_secret(s, "plain data")
+            refuse_url_or_secret(s, "plain data")
         return v
 
     @field_validator("hooks")
@@ -423,9 +316,9 @@ class JobSpec(BaseModel):
         if len(v) > limit:
             raise ValueError(f"at most {limit} hooks, got {len(v)}")
         for name in v:
-            _refuse_url_or_secret(name, "the name of a hook registered on the workers")
-            if not _NAME_RE.fullmatch(name):
-                raise ValueError(f"hook name {name[:70]!r} must match {_NAME_RE.pattern}")
+            refuse_url_or_secret(name, "the name of a hook registered on the workers")
+            if not NAME_RE.fullmatch(name):
+                raise ValueError(f"hook name {name[:70]!r} must match {NAME_RE.pattern}")
         if len(set(v)) != len(v):
             raise ValueError("names a hook twice")
         return v
@@ -446,15 +339,12 @@ class JobSpec(BaseModel):
         continuation whose spec hashes differently is refused: a cursor is never spliced
         onto an edited prompt.
         """
-        canonical = {
-            "v": PROMPT_HASH_VERSION,
-            "provider": self.provider,
-            "model": self.model,
-            "messages": [{"role": m.role.value, "content": m.content} for m in self.chat],
-            "params": self.params.model_dump(mode="json", exclude_none=True),
-        }
-        blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+        return prompt_hash(
+            self.provider,
+            self.model,
+            [{"role": m.role.value, "content": m.content} for m in self.chat],
+            self.params.model_dump(mode="json", exclude_none=True),
+        )
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_defaults=True)

@@ -28,7 +28,7 @@ import redis
 
 from resumeq import keys
 from resumeq.connection import connect
-from resumeq.defaults import STORE_DEFAULTS, StoreDefaults
+from resumeq.defaults import LIMIT_DEFAULTS, STORE_DEFAULTS, StoreDefaults
 from resumeq.errors import (
     CorruptRecord,
     IdempotencyConflict,
@@ -52,6 +52,7 @@ from resumeq.models import (
     lease_holder,
 )
 from resumeq.scripts import Scripts
+from resumeq.spec_rules import CheckedSpec, quick_spec
 
 if TYPE_CHECKING:
     from resumeq.settings import StoreSettings
@@ -247,9 +248,7 @@ class Store:
         idempotency key, a second create answers the first job's id (``created=False``),
         or raises :class:`~resumeq.errors.IdempotencyConflict` if the prompt differs.
         """
-        from resumeq.spec import parse_spec  # noqa: PLC0415
-
-        spec = parse_spec(spec, limits=self.limits)
+        checked = self._checked(spec)
         check_queue(queue)
         job_id = keys.check_job_id(job_id) if job_id is not None else uuid.uuid4().hex
         job_keys = [
@@ -260,16 +259,16 @@ class Store:
             keys.TOTALS,
             keys.JOBS,
         ]
-        if spec.idempotency_key is not None:
-            job_keys.append(keys.idempotency(spec.idempotency_key))
+        if checked.idempotency_key is not None:
+            job_keys.append(keys.idempotency(checked.idempotency_key))
         args: list[str | int] = [
             job_id,
-            spec.to_json(),
-            spec.prompt_hash(),
-            spec.budget_tokens,
-            spec.floor_tokens,
+            checked.json,
+            checked.prompt_hash,
+            checked.budget_tokens,
+            checked.floor_tokens,
             queue,
-            spec.idempotency_key or "",
+            checked.idempotency_key or "",
             request_id(),
             _check_owner(owner) if owner else "",
             request_hash or "",
@@ -282,7 +281,7 @@ class Store:
             return CreateResult(id=bound_id, created=False)
         if status == "idempotency_conflict":
             raise IdempotencyConflict(
-                f"idempotency key {spec.idempotency_key!r} is bound to job {bound_id} "
+                f"idempotency key {checked.idempotency_key!r} is bound to job {bound_id} "
                 "whose prompt differs",
                 job_id=job_id,
                 existing_job_id=bound_id,
@@ -290,6 +289,17 @@ class Store:
         if status == "id_taken":
             raise StoreError(f"job id {job_id} is already taken", job_id=job_id)
         self._refused(status, rest, job_id, "create")
+
+    def _checked(self, spec: JobSpec | Mapping[str, Any]) -> CheckedSpec:
+        """``spec`` validated against this store's limits: by the rules alone where they
+        decide (:func:`~resumeq.spec_rules.quick_spec`), else by the model."""
+        if isinstance(spec, Mapping):
+            quick = quick_spec(spec, self.limits or LIMIT_DEFAULTS)
+            if quick is not None:
+                return quick
+        from resumeq.spec import parse_spec  # noqa: PLC0415
+
+        return CheckedSpec.of(parse_spec(spec, limits=self.limits))
 
     def cancel(self, job_id: str, *, reason: str = "cancelled") -> int:
         """Cancel a job that is not terminal; answers the new revision."""

@@ -76,7 +76,8 @@ from resumeq.server.openapi import (
 from resumeq.server.problems import Problem
 from resumeq.server.proxy import ForwardedHeaders
 from resumeq.settings import Role, Settings, load_settings
-from resumeq.spec import JobSpec, looks_like_secret, looks_like_url, parse_spec
+from resumeq.spec import JobSpec, parse_spec
+from resumeq.spec_rules import looks_like_secret, looks_like_url
 from resumeq.store import DEFAULT_QUEUE, SPILL_QUEUE, Store, check_queue, redis_errors
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 client and a fuzzer read. Every bound, pattern and enum the routes enforce is in it — the
 configured providers as the ``provider`` enum of a new job, ``[worker] queues`` as the
 ``queue`` enum, the ``[limits]`` as bounds — and every status a route answers, with
-problem+json. The patterns are the ones the code matches (:mod:`resumeq.spec`,
+problem+json. The patterns are the ones the code matches (:mod:`resumeq.spec_rules`,
 :mod:`resumeq.keys`), written once for both engines.
 
 Two rules of a job spec compare fields with each other, which JSON Schema cannot say: a
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from resumeq import keys, spec
+from resumeq import keys, spec, spec_rules
 from resumeq.settings import Settings
 from resumeq.states import JobState
 from resumeq.store import QUEUE_PATTERN
@@ -72,7 +72,8 @@ def _problems(*statuses: int) -> dict[str, Any]:
 
 def _not_refused(*extra: dict[str, Any]) -> dict[str, Any]:
     """What a short identifier or a piece of data may not be: a URL or a credential."""
-    patterns = [{"pattern": spec.URL_PATTERN}, *({"pattern": p} for p in spec.SECRET_PATTERNS)]
+    secrets = ({"pattern": p} for p in spec_rules.SECRET_PATTERNS)
+    patterns = [{"pattern": spec_rules.URL_PATTERN}, *secrets]
     return {"not": {"anyOf": [*patterns, *extra]}}
 
 
@@ -174,13 +175,13 @@ def job_spec_schema(settings: Settings) -> dict[str, Any]:
                 f"{limits.max_prompt_bytes} bytes of UTF-8",
             }),
             "prompt": _nullable({
-                "type": "string", "pattern": spec.NOT_BLANK_PATTERN,
+                "type": "string", "pattern": spec_rules.NOT_BLANK_PATTERN,
                 "maxLength": limits.max_prompt_bytes,
                 "description": "one user message, not only white space; at most "
                 f"{limits.max_prompt_bytes} bytes of UTF-8",
             }),
             "provider": provider,
-            "model": _string(spec.MODEL_PATTERN, said("model", "the model name")),
+            "model": _string(spec_rules.MODEL_PATTERN, said("model", "the model name")),
             "budget_tokens": {
                 "type": "integer", "minimum": 1, "maximum": limits.max_budget_tokens,
                 "description": said("budget_tokens", "the most output tokens, all attempts"),
@@ -207,7 +208,7 @@ def job_spec_schema(settings: Settings) -> dict[str, Any]:
             },
             "hooks": {
                 "type": "array", "maxItems": limits.max_hooks, "uniqueItems": True,
-                "items": _string(spec.NAME_PATTERN),
+                "items": _string(spec_rules.NAME_PATTERN),
                 "description": "names of hooks registered on the workers",
             },
         },

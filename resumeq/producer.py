@@ -1,5 +1,8 @@
 """Enqueueing a job: the record first (before any call), with its first attempt in the
-outbox; then the attempt's RQ job."""
+outbox; then the attempt's RQ job.
+
+RQ loads only where an RQ job is written or looked for: the cancel of a job that is gone,
+or had ended, is answered without it."""
 
 from __future__ import annotations
 
@@ -8,10 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from resumeq import outbox
 from resumeq.errors import JobNotFound
 from resumeq.models import CreateResult
-from resumeq.queueing import discard_waiting
 from resumeq.store import DEFAULT_QUEUE, Store
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ def enqueue_job(
     attempt was enqueued). If the process dies between the two steps, the janitor carries
     the outbox out.
     """
+    from resumeq import outbox  # noqa: PLC0415
+
     result = store.create(spec, queue=queue, owner=owner, request_hash=request_hash)
     outbox.complete(store, connection, result.id)
     return result
@@ -47,6 +50,8 @@ def cancel_job(store: Store, job_id: str, *, reason: str) -> int:
         attempt = store.get(job_id).attempt
     except JobNotFound:  # purged meanwhile: nothing of it waits
         return revision
+    from resumeq.queueing import discard_waiting  # noqa: PLC0415
+
     discard_waiting(store.redis, job_id, attempt + 1)
     return revision
 
@@ -57,5 +62,7 @@ def purge_job(store: Store, job_id: str) -> int:
     registry keeps its attempts' records: history)."""
     attempt = store.get(job_id).attempt  # JobNotFound for an unknown job
     removed = store.purge(job_id)
+    from resumeq.queueing import discard_waiting  # noqa: PLC0415
+
     discard_waiting(store.redis, job_id, attempt + 1)
     return removed

@@ -11,7 +11,8 @@ Never early: the due time is set, and compared, on Redis's clock, never a worker
 
 Who moves them: every worker process runs a :class:`DueScheduler` thread, which sleeps
 until the earliest due time it knows of (a second at most) and is woken when an attempt
-is scheduled. Redis times blocking calls out only every 100 ms (``hz`` 10), so the last
+is scheduled (:func:`resumeq.attempt_jobs.write` puts one into the index). Redis times
+blocking calls out only every 100 ms (``hz`` 10), so the last
 stretch before a due time is slept locally. Any number of schedulers can serve one Redis:
 each move is atomic and happens once. The janitor moves what is due at every sweep too,
 so that attempts are never stranded while no worker runs.
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import uuid
 from collections.abc import Sequence
@@ -29,14 +29,13 @@ from importlib import resources
 from typing import Any, cast
 
 import redis
-from redis.client import Pipeline
 from redis.commands.core import Script
 from rq.job import Job
 from rq.queue import Queue
-from rq.scripts import _build_hset_args
 from rq.utils import now, utcformat
 
 from resumeq import keys
+from resumeq.attempt_jobs import nudge
 from resumeq.capabilities import server_version
 from resumeq.store import SPILL_QUEUE, decode
 
@@ -57,44 +56,7 @@ def _script(name: str) -> Script:
     return Script(cast(Any, None), source)
 
 
-_ENQUEUE = _script("due_enqueue")
 _PROMOTE = _script("due_promote")
-#: Set when this process scheduled an attempt: its own scheduler looks again at once.
-_NUDGE = threading.Event()
-
-
-def _fresh_nudge() -> None:
-    """A forked child (an RQ work horse) gets its own: the parent's scheduler thread may
-    have held the old one's lock at the fork."""
-    global _NUDGE  # noqa: PLW0603 - one per process, by design
-    _NUDGE = threading.Event()
-
-
-os.register_at_fork(after_in_child=_fresh_nudge)
-
-
-def enqueue(
-    client: redis.Redis | Pipeline,
-    queue: Queue,
-    job: Job,
-    *,
-    due_ms: int = 0,
-    at_front: bool = False,
-) -> Any:
-    """Write ``job`` (created by ``queue.create_job``) once: onto ``queue`` if ``due_ms``
-    (Redis's clock) has passed, else into the due-time index. Answers 1 when written, 0
-    when that RQ job exists already (on a pipeline: the reply's position holds it)."""
-    queue._prepare_for_queue(job)
-    ttl = job.ttl if job.ttl is not None else -1
-    fields = _build_hset_args(job)  # type: ignore[no-untyped-call]
-    answer = _ENQUEUE(
-        keys=[job.key, queue.key, keys.DUE, queue.redis_queues_keys, keys.DUE_WAKE],
-        args=[job.id, ttl, max(0, int(due_ms)), "L" if at_front else "R", queue.key, *fields],
-        client=client,
-    )
-    if due_ms:
-        _NUDGE.set()
-    return answer
 
 
 def promote(connection: redis.Redis, *, limit: int = MOVE_LIMIT) -> tuple[int, int | None, int]:
@@ -191,7 +153,7 @@ class DueScheduler:
     def stop(self, timeout_s: float = 2.0) -> None:
         """Stop the thread and wait for it (its blocking wait is woken through its own key)."""
         self._stop.set()
-        _NUDGE.set()
+        nudge().set()
         thread, self._thread = self._thread, None
         if thread is None:
             return
@@ -209,7 +171,7 @@ class DueScheduler:
     def _run(self) -> None:
         failed = 0
         while not self._stop.is_set():
-            _NUDGE.clear()  # what is scheduled from here on is either read below, or wakes us
+            nudge().clear()  # what is scheduled from here on is either read below, or wakes us
             try:
                 moved, next_due, now_ms = promote(self.connection)
                 self.moved += moved
@@ -242,4 +204,4 @@ class DueScheduler:
             # the stop key first, so that a stopping scheduler leaves the token).
             self.connection.blpop([self._stop_key, keys.DUE_WAKE], timeout=block_s)
             return
-        _NUDGE.wait(wait_s)
+        nudge().wait(wait_s)

@@ -11,7 +11,12 @@ between a commit and its follow-up loses nothing and runs nothing twice.
 An ``attempt`` entry is removed once its RQ job is enqueued. A ``hook`` entry stays until
 the hook has run (the run records it): a hook whose worker died while it ran — its lease
 lapsed, its RQ job started long ago or abandoned — is enqueued again, up to
-``HOOK_REENQUEUES`` times. A hook that raised is left to RQ's failed registry.
+``HOOK_REENQUEUES`` times (:mod:`resumeq.outbox_hooks`). A hook that raised is left to
+RQ's failed registry.
+
+An attempt is enqueued without loading RQ (:mod:`resumeq.attempt_jobs`): RQ loads here only
+to follow a hook, to delete an attempt's RQ job that waits elsewhere, or for a janitor's
+batch.
 """
 
 from __future__ import annotations
@@ -19,35 +24,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Literal
 
 import redis
-from rq.job import Job, JobStatus
 
-from resumeq import failpoints
+from resumeq import attempt_jobs, failpoints
+from resumeq.attempt_jobs import DueAttempt, enqueue_attempt
 from resumeq.errors import RedisUnavailable
-from resumeq.hooks import enqueue_hook
-from resumeq.queueing import (
-    STARTED_GRACE_S,
-    DueAttempt,
-    discard_attempt,
-    discard_hook,
-    discard_if_elsewhere,
-    enqueue_attempt,
-    enqueue_attempts,
-    fetch_attempts,
-    fetch_hook,
-    rq_queue,
-)
 from resumeq.store import Store, redis_errors
 
 log = logging.getLogger(__name__)
 
 #: A janitor leaves an entry this long to the process that committed it.
 JANITOR_GRACE_MS = 2_000
-#: How often a hook whose worker died is enqueued again before it is given up.
-HOOK_REENQUEUES = 5
 
 
 @dataclass(frozen=True)
@@ -71,12 +59,17 @@ def complete(store: Store, connection: redis.Redis, job_id: str) -> int:
     for field, raw in entries.items():
         if field == "attempt":
             entry = AttemptEntry.parse(raw)
-            discard_if_elsewhere(connection, job_id, entry.attempt, entry.queue)
+            if attempt_jobs.waiting_elsewhere(connection, job_id, entry.attempt, entry.queue):
+                from resumeq.queueing import discard_attempt  # noqa: PLC0415
+
+                discard_attempt(connection, job_id, entry.attempt)
             enqueue_attempt(
                 connection, job_id, queue=entry.queue, attempt=entry.attempt, due_ms=entry.due_ms
             )
         elif field.startswith("hook:"):
-            done += _follow_hook(store, connection, job_id, field, raw)
+            from resumeq.outbox_hooks import follow_hook  # noqa: PLC0415
+
+            done += follow_hook(store, connection, job_id, field, raw)
             continue
         else:
             log.warning("job %s: unknown outbox entry %s=%r left alone", job_id, field, raw)
@@ -136,9 +129,11 @@ class _Batch:
                     self.failed[index] = exc
                     return
             elif field.startswith("hook:"):
+                from resumeq.outbox_hooks import follow_hook  # noqa: PLC0415
+
                 try:
                     with redis_errors("follow hook"):
-                        self.done[index] += _follow_hook(store, connection, job_id, field, raw)
+                        self.done[index] += follow_hook(store, connection, job_id, field, raw)
                 except RedisUnavailable:
                     raise
                 except Exception as exc:  # answered, and logged by the caller
@@ -152,6 +147,8 @@ class _Batch:
         then mark their entries done, enqueued now or before: carried out either way."""
         if not self.due:
             return
+        from resumeq.queueing import enqueue_attempts  # noqa: PLC0415
+
         ids = [self.job_ids[index] for index, _, _ in self.due]
         _discard_elsewhere(connection, [(i, e) for i, (_, _, e) in zip(ids, self.due, strict=True)])
         attempts = [
@@ -173,75 +170,16 @@ def _marker(job_id: str, raw: str) -> Callable[[Store], object]:
 
 
 def _discard_elsewhere(connection: redis.Redis, due: Sequence[tuple[str, AttemptEntry]]) -> None:
-    """:func:`~resumeq.queueing.discard_if_elsewhere` for many attempts: their RQ jobs read
-    in one round trip; the few waiting on another queue deleted one by one."""
+    """What :func:`complete` does with an attempt's RQ job waiting on another queue, for
+    many attempts: their RQ jobs read in one round trip; the few waiting on another queue
+    deleted one by one."""
+    from rq.job import JobStatus  # noqa: PLC0415
+
+    from resumeq.queueing import discard_attempt, fetch_attempts  # noqa: PLC0415
+
     jobs = fetch_attempts(connection, [(job_id, entry.attempt) for job_id, entry in due])
     for (job_id, entry), job in zip(due, jobs, strict=True):
         if job is None or job.origin == entry.queue:
             continue
         if job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.SCHEDULED):
             discard_attempt(connection, job_id, entry.attempt)
-
-
-HookState = Literal["ran", "running", "absent", "on_its_way", "raised", "died"]
-
-
-def _hook_state(store: Store, connection: redis.Redis, job_id: str, name: str) -> HookState:
-    if store.hook_ran(job_id, name):
-        return "ran"
-    if store.hook_running(job_id, name):
-        return "running"
-    job = fetch_hook(connection, job_id, name)
-    if job is None:
-        return "absent"
-    status = job.get_status(refresh=False)
-    if _on_its_way(connection, job, status):
-        return "on_its_way"
-    return "raised" if status == JobStatus.FAILED and not _died(job) else "died"
-
-
-def _follow_hook(store: Store, connection: redis.Redis, job_id: str, field: str, raw: str) -> int:
-    """Enqueue a hook that has not run and is not on its way; answers 1 if it did."""
-    name = field.removeprefix("hook:")
-    queue, _, again_raw = raw.rpartition("|")
-    again = int(again_raw or 0)
-    state = _hook_state(store, connection, job_id, name)
-    if state in ("running", "on_its_way"):
-        return 0
-    if state == "absent":
-        enqueue_hook(connection, job_id, name, queue=queue)
-        failpoints.hit("after_follow_up")
-        return 1
-    if state == "died" and again < HOOK_REENQUEUES:
-        log.info("job %s: hook %s died while it ran: enqueued again", job_id, name)
-        discard_hook(connection, job_id, name)
-        enqueue_hook(connection, job_id, name, queue=queue)
-        store.outbox_replace(job_id, field, raw, f"{queue}|{again + 1}")
-        return 1
-    if state == "raised":
-        log.warning("job %s: hook %s raised; left in RQ's failed registry", job_id, name)
-    elif state == "died":
-        log.warning("job %s: hook %s died %d times; given up", job_id, name, again)
-    store.outbox_done(job_id, field, raw)  # ran, raised, or given up: nothing more to do
-    return 0
-
-
-def _on_its_way(connection: redis.Redis, job: Job, status: JobStatus | None) -> bool:
-    """Queued on its queue, scheduled in its registry, or started only a moment ago (it
-    takes its lease first thing)."""
-    if status == JobStatus.QUEUED:
-        return rq_queue(job.origin, connection).get_job_position(job.id) is not None
-    if status in (JobStatus.SCHEDULED, JobStatus.DEFERRED):
-        return True
-    if status == JobStatus.STARTED and job.started_at is not None:
-        started = job.started_at
-        if started.tzinfo is None:
-            started = started.replace(tzinfo=UTC)
-        return (datetime.now(UTC) - started).total_seconds() < STARTED_GRACE_S
-    return status == JobStatus.FINISHED
-
-
-def _died(job: Job) -> bool:
-    """An RQ job that failed because its worker died, not because the hook raised."""
-    reason = job.exc_info or ""
-    return "AbandonedJobError" in reason or "terminated unexpectedly" in reason

@@ -1,10 +1,8 @@
-"""resumeq's attempts as RQ jobs.
+"""resumeq's attempts as RQ jobs: written once each (:mod:`resumeq.attempt_jobs`, which
+needs no RQ), then looked for, settled and deleted through RQ's own objects.
 
-Each attempt of a job is its own RQ job, ``<job id>-a<attempt>``, enqueued with RQ's
-``unique=True`` so a second enqueue of the same attempt is refused; and even if two ran,
-only one could take the lease. RQ jobs carry only the job id, serialized as JSON (never
-pickle), and have no RQ timeout: a long stream is never cut by RQ — resumeq's lease is what
-detects a dead worker.
+Each attempt of a job is its own RQ job, ``<job id>-a<attempt>``, and a second enqueue of
+the same attempt is refused; even if two ran, only one could take the lease.
 """
 
 from __future__ import annotations
@@ -27,16 +25,29 @@ from rq.utils import now, utcformat
 from rq.worker import Worker
 from rq.worker_registration import REDIS_WORKER_KEYS, WORKERS_BY_QUEUE_KEY
 
-from resumeq import due, keys
-from resumeq.store import SPILL_QUEUE, check_queue, decode
+from resumeq import attempt_jobs, due, keys
+from resumeq.attempt_jobs import (
+    ATTEMPT_FUNC,
+    FAILURE_TTL_S,
+    RESULT_TTL_S,
+    DueAttempt,
+    attempt_rq_id,
+    enqueue_attempt,
+)
+from resumeq.store import check_queue, decode
+
+__all__ = [
+    "ATTEMPT_FUNC",
+    "FAILURE_TTL_S",
+    "HOOK_FUNC",
+    "RESULT_TTL_S",
+    "DueAttempt",
+    "attempt_rq_id",
+    "enqueue_attempt",
+]
 
 log = logging.getLogger(__name__)
-#: The RQ function that runs one attempt.
-ATTEMPT_FUNC = "resumeq.worker.run_attempt"
 HOOK_FUNC = "resumeq.hooks.run_hook"
-#: RQ keeps a finished attempt's record this long (seconds), for ``rq info`` and dashboards.
-RESULT_TTL_S = 3600
-FAILURE_TTL_S = 7 * 24 * 3600
 
 #: An attempt RQ started this long ago that has not taken its lease is presumed dead.
 STARTED_GRACE_S = 10.0
@@ -46,10 +57,6 @@ _ENDED = {JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CAN
 
 def rq_queue(name: str, connection: redis.Redis) -> Queue:
     return Queue(check_queue(name), connection=connection, serializer=JSONSerializer)
-
-
-def attempt_rq_id(job_id: str, attempt: int) -> str:
-    return f"{job_id}-a{attempt}"
 
 
 def attempt_of(rq_id: str) -> tuple[str, int] | None:
@@ -62,43 +69,6 @@ def attempt_of(rq_id: str) -> tuple[str, int] | None:
 
 def hook_rq_id(job_id: str, hook: str) -> str:
     return f"{job_id}-hook-{hook.replace('.', '_')}"
-
-
-def enqueue_attempt(
-    connection: redis.Redis,
-    job_id: str,
-    *,
-    queue: str,
-    attempt: int,
-    due_ms: int = 0,
-) -> bool:
-    """Enqueue attempt number ``attempt`` of ``job_id``, due at ``due_ms`` (ms, Redis's
-    clock; 0 or past: now). A later one waits in resumeq's due-time index
-    (:mod:`resumeq.due`), to the millisecond. A job's later attempts go to the front of
-    its queue (the spill lane excepted): its answer is under way, and the provider's cache
-    still holds its prompt.
-
-    Answers False when that attempt is already enqueued (or ran): never twice.
-    """
-    item = DueAttempt(job_id, queue, attempt, due_ms)
-    return bool(_enqueue(rq_queue(queue, connection), item, connection))
-
-
-def _enqueue(queue: Queue, item: DueAttempt, client: redis.Redis | redis.client.Pipeline) -> Any:
-    """The one script that writes an attempt's RQ job (RQ's unique enqueue, resumeq's due
-    time) on ``client``; answers 1 or 0 (on a pipeline: in its reply)."""
-    job = queue.create_job(
-        ATTEMPT_FUNC,
-        args=(item.job_id,),
-        timeout=-1,
-        result_ttl=RESULT_TTL_S,
-        failure_ttl=FAILURE_TTL_S,
-        description=f"resumeq attempt {item.attempt} of {item.job_id}",
-        job_id=attempt_rq_id(item.job_id, item.attempt),
-    )
-    # The spill lane stays first in, first out: a person, or a reserved pool, drains it.
-    at_front = item.attempt > 1 and item.queue != SPILL_QUEUE
-    return due.enqueue(client, queue, job, due_ms=item.due_ms, at_front=at_front)
 
 
 def fetch_attempt(connection: redis.Redis, job_id: str, attempt: int) -> Job | None:
@@ -227,17 +197,6 @@ def enqueue_overdue(queue: Queue, cutoff_s: int) -> list[str]:
     return moved
 
 
-def discard_if_elsewhere(connection: redis.Redis, job_id: str, attempt: int, queue: str) -> None:
-    """An attempt's RQ job waiting on another queue than ``queue`` (the spill lane, after
-    an operator requeued the job elsewhere) is deleted, so it can be enqueued where it
-    belongs. One that started already is left alone."""
-    job = fetch_attempt(connection, job_id, attempt)
-    if job is None or job.origin == queue:
-        return
-    if job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.SCHEDULED):
-        discard_attempt(connection, job_id, attempt)
-
-
 def discard_hook(connection: redis.Redis, job_id: str, hook: str) -> None:
     """Delete a hook's RQ job (one whose worker died), so it can be enqueued again."""
     _discard(connection, hook_rq_id(job_id, hook))
@@ -283,17 +242,6 @@ def _discard(connection: redis.Redis, rq_id: str) -> None:
 
 
 @dataclass(frozen=True)
-class DueAttempt:
-    """An attempt to enqueue: attempt number ``attempt`` of ``job_id`` on ``queue``, due
-    at ``due_ms`` (ms, Redis's clock; 0: now)."""
-
-    job_id: str
-    queue: str
-    attempt: int
-    due_ms: int = 0
-
-
-@dataclass(frozen=True)
 class DeadAttempt:
     """The RQ job of an attempt whose worker died, and ``failed``: the reason when resumeq
     failed its job (else None: the job was handed on)."""
@@ -309,16 +257,12 @@ def enqueue_attempts(
     """:func:`enqueue_attempt` for many attempts in one round trip (the same script,
     pipelined). For each: True if enqueued, False if that attempt was enqueued already (or
     ran), or the error (a malformed queue name)."""
-    queues: dict[str, Queue] = {}
     out: list[bool | Exception] = []
     sent: dict[int, int] = {}  # the position of an attempt's script reply → its answer
     with connection.pipeline(transaction=False) as pipe:
         for item in attempts:
             try:
-                queue = queues.get(item.queue) or queues.setdefault(
-                    item.queue, rq_queue(item.queue, connection)
-                )
-                _enqueue(queue, item, pipe)
+                attempt_jobs.write(pipe, item)
                 sent[len(pipe.command_stack) - 1] = len(out)
                 out.append(False)
             except ValueError as exc:

@@ -135,7 +135,7 @@ def test_a_hook_whose_worker_died_while_it_ran_runs_again(
     rq_job.save()
     assert janitor.sweep().followed_up == []  # its lease still holds: in progress
     time.sleep(0.5)
-    monkeypatch.setattr("resumeq.outbox.STARTED_GRACE_S", 5)
+    monkeypatch.setattr("resumeq.outbox_hooks.STARTED_GRACE_S", 5)
     assert janitor.sweep().followed_up == [job_id]  # lease lapsed, started long ago: died
     assert queue.get_job_ids() == [hook_rq_id(job_id, "notify")]
     assert ctx.store.outbox(job_id) == {"hook:notify": "resumeq|1"}

@@ -31,6 +31,7 @@ def connect(
     With ``pool_size`` its pool holds at most that many connections, and a caller that
     finds them all busy waits for one up to ``pool_timeout_s`` (then a ConnectionError):
     a process with hundreds of threads never opens hundreds of connections."""
+    options = {**_driver_info(), **options}
     target = parse_sentinel_url(url)
     if target is not None:
         # The Sentinel pool is not bounded: ``pool_size`` is a ceiling the callers keep.
@@ -47,6 +48,18 @@ def connect(
     client = redis.Redis(connection_pool=pool)
     client.auto_close_connection_pool = True
     return client
+
+
+def _driver_info() -> dict[str, Any]:
+    """The client library's name and version for ``CLIENT SETINFO``, given: redis-py 8
+    would look its version up in the installed packages' metadata for every connection it
+    makes (a few ms, most of a command line's own work). Earlier versions looked once, at
+    import."""
+    try:
+        from redis.driver_info import DriverInfo  # noqa: PLC0415
+    except ImportError:
+        return {}
+    return {"driver_info": DriverInfo(lib_version=redis.__version__)}
 
 
 def connect_async(url: str, **options: Any) -> redis.asyncio.Redis:

@@ -51,6 +51,19 @@ def rq_queue_key(queue: str) -> str:
     return f"{RQ_KEY_PREFIX}:queue:{queue}"
 
 
+def _rq_keys_beside(rq_id: str, queue: str) -> list[str]:
+    """What RQ keeps of a job beside its hash, and where it may wait (for its delete):
+    RQ's scheduled registry of ``queue``, the job's dependents and dependencies (RQ spells
+    the second with two colons), its results and its executions."""
+    return [
+        f"{RQ_KEY_PREFIX}:scheduled:{queue}",
+        f"{rq_job_key(rq_id)}:dependents",
+        f"{rq_job_key('')}:{rq_id}:dependencies",
+        f"{RQ_KEY_PREFIX}:results:{rq_id}",
+        f"{RQ_KEY_PREFIX}:executions:{rq_id}",
+    ]
+
+
 def attempt_rq_id(job_id: str, attempt: int) -> str:
     return f"{job_id}-a{attempt}"
 
@@ -100,6 +113,7 @@ def _script(name: str) -> Script:
 
 
 _ENQUEUE = _script("due_enqueue")
+_DISCARD = _script("rq_discard")
 #: Set when this process scheduled an attempt: its own due-time scheduler looks again at
 #: once (:class:`resumeq.due.DueScheduler`).
 _NUDGE = threading.Event()
@@ -159,3 +173,19 @@ def waiting_elsewhere(connection: redis.Redis, job_id: str, attempt: int, queue:
     if status is None or origin is None or decode(origin) == queue:
         return False
     return decode(status) in ("queued", "scheduled")
+
+
+def discard_waiting(connection: redis.Redis, job_id: str, attempt: int) -> bool | None:
+    """Delete the attempt's RQ job if it waits, queued or scheduled, and never ran (as
+    RQ's ``Job.delete`` would): True. False when there is none, or a worker runs it (it
+    sees its job ended at its first write). None for one RQ's own delete must decide (in
+    another status, or with an execution record)."""
+    rq_id = attempt_rq_id(job_id, attempt)
+    key = rq_job_key(rq_id)
+    origin = decode(connection.hget(key, "origin") or b"")
+    answer = _DISCARD(
+        keys=[key, rq_queue_key(origin), keys.DUE, *_rq_keys_beside(rq_id, origin)],
+        args=[rq_id, origin],
+        client=connection,
+    )
+    return None if int(answer) < 0 else bool(answer)

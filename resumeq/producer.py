@@ -1,8 +1,8 @@
 """Enqueueing a job: the record first (before any call), with its first attempt in the
 outbox; then the attempt's RQ job.
 
-RQ loads only where an RQ job is written or looked for: the cancel of a job that is gone,
-or had ended, is answered without it."""
+RQ's classes load only where an RQ job is in a state they must judge: an attempt's RQ job
+is written, and one that waits is deleted, by resumeq's scripts (:mod:`resumeq.attempt_jobs`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from resumeq.attempt_jobs import discard_waiting
 from resumeq.errors import JobNotFound
 from resumeq.models import CreateResult
 from resumeq.store import DEFAULT_QUEUE, Store
@@ -43,16 +44,14 @@ def enqueue_job(
 
 def cancel_job(store: Store, job_id: str, *, reason: str) -> int:
     """Cancel a job that is not terminal, and delete the RQ job of the attempt it was
-    waiting for (:func:`~resumeq.queueing.discard_waiting`: a queued, delayed or spilled
-    job's); answers the new revision. What a worker runs stops at its next write."""
+    waiting for (a queued, delayed or spilled job's); answers the new revision. What a
+    worker runs stops at its next write."""
     revision = store.cancel(job_id, reason=reason)
     try:
         attempt = store.get(job_id).attempt
     except JobNotFound:  # purged meanwhile: nothing of it waits
         return revision
-    from resumeq.queueing import discard_waiting  # noqa: PLC0415
-
-    discard_waiting(store.redis, job_id, attempt + 1)
+    _discard_waiting(store.redis, job_id, attempt + 1)
     return revision
 
 
@@ -62,7 +61,14 @@ def purge_job(store: Store, job_id: str) -> int:
     registry keeps its attempts' records: history)."""
     attempt = store.get(job_id).attempt  # JobNotFound for an unknown job
     removed = store.purge(job_id)
-    from resumeq.queueing import discard_waiting  # noqa: PLC0415
-
-    discard_waiting(store.redis, job_id, attempt + 1)
+    _discard_waiting(store.redis, job_id, attempt + 1)
     return removed
+
+
+def _discard_waiting(connection: redis.Redis, job_id: str, attempt: int) -> None:
+    """The RQ job of the attempt a cancelled or purged job waited for, deleted: by resumeq's
+    script where it waits as it was written, else by RQ's own delete."""
+    if discard_waiting(connection, job_id, attempt) is None:
+        from resumeq.queueing import discard_waiting as by_rq  # noqa: PLC0415
+
+        by_rq(connection, job_id, attempt)

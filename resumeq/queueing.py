@@ -212,7 +212,8 @@ def discard_waiting(connection: redis.Redis, job_id: str, attempt: int) -> bool:
     due-time index or RQ's scheduled registry — for a job that was cancelled or purged: a
     worker would pop it as a no-op, and ``rq info`` would count it meanwhile. One a worker
     runs is left to it (it sees the job ended at its first write). Answers whether it
-    deleted one."""
+    deleted one. RQ's way: :func:`resumeq.attempt_jobs.discard_waiting` deletes one that
+    waits as it was written, without RQ."""
     rq_id = attempt_rq_id(job_id, attempt)
     raw: Any = connection.hget(Job.key_for(rq_id), "status")
     status = _status(raw)

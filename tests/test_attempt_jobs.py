@@ -1,5 +1,6 @@
 """An attempt's RQ job as resumeq writes it without RQ is the one RQ makes: the same hash,
-on the same keys; RQ reads it back and a worker runs it (the end-to-end tests)."""
+on the same keys; RQ reads it back and a worker runs it (the end-to-end tests). One that
+waits is deleted as RQ deletes it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import zlib
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
 import redis
 import rq.defaults
 from rq import Queue
@@ -14,7 +16,7 @@ from rq.job import Job, JobStatus
 from rq.scripts import _build_hset_args
 from rq.serializers import JSONSerializer
 
-from resumeq import attempt_jobs
+from resumeq import attempt_jobs, queueing
 from resumeq.attempt_jobs import DueAttempt, attempt_rq_id, enqueue_attempt
 from resumeq.queueing import rq_queue
 
@@ -82,3 +84,66 @@ def test_an_attempt_waiting_on_another_queue_is_seen(redis_client: redis.Redis) 
     assert not attempt_jobs.waiting_elsewhere(redis_client, JOB, 2, "resumeq")  # none
     redis_client.hset(attempt_jobs.rq_job_key(attempt_rq_id(JOB, 1)), "status", "started")
     assert not attempt_jobs.waiting_elsewhere(redis_client, JOB, 1, "resumeq")
+
+
+def keyspace(r: redis.Redis) -> dict[bytes, object]:
+    """Every key and what it holds, RQ's timestamps aside."""
+    out: dict[bytes, object] = {}
+    for key in sorted(r.scan_iter("*")):
+        kind = r.type(key)
+        if kind == b"hash":
+            out[key] = {k: v for k, v in r.hgetall(key).items() if not k.endswith(b"_at")}
+        elif kind == b"list":
+            out[key] = r.lrange(key, 0, -1)
+        elif kind == b"zset":
+            out[key] = r.zrange(key, 0, -1)
+        elif kind == b"set":
+            out[key] = sorted(r.smembers(key))
+        else:
+            out[key] = kind
+    return out
+
+
+WAITING = {
+    "queued": lambda r: enqueue_attempt(r, JOB, queue="resumeq", attempt=2),
+    "spilled": lambda r: enqueue_attempt(r, JOB, queue="resumeq-spill", attempt=2),
+    "delayed": lambda r: enqueue_attempt(r, JOB, queue="resumeq", attempt=2, due_ms=2**42),
+    "in RQ's scheduled registry": lambda r: (
+        enqueue_attempt(r, JOB, queue="resumeq", attempt=2),
+        r.lrem("rq:queue:resumeq", 0, attempt_rq_id(JOB, 2)),
+        r.hset(attempt_jobs.rq_job_key(attempt_rq_id(JOB, 2)), "status", "scheduled"),
+        r.zadd("rq:scheduled:resumeq", {attempt_rq_id(JOB, 2): 2**31}),
+    ),
+    "started": lambda r: (
+        enqueue_attempt(r, JOB, queue="resumeq", attempt=2),
+        r.hset(attempt_jobs.rq_job_key(attempt_rq_id(JOB, 2)), "status", "started"),
+    ),
+    "finished": lambda r: (
+        enqueue_attempt(r, JOB, queue="resumeq", attempt=2),
+        r.hset(attempt_jobs.rq_job_key(attempt_rq_id(JOB, 2)), "status", "finished"),
+    ),
+    "none": lambda r: None,
+}
+
+
+@pytest.mark.parametrize("state", sorted(WAITING))
+def test_a_waiting_attempt_is_deleted_as_rq_deletes_it(
+    redis_client: redis.Redis, state: str
+) -> None:
+    """What resumeq's delete leaves is what RQ's leaves; an RQ job in a state it does not
+    take (finished) is left to RQ, which then deletes it as before."""
+    other = enqueue_attempt(redis_client, "f" * 32, queue="resumeq", attempt=1)  # untouched
+    assert other
+    WAITING[state](redis_client)
+    before = keyspace(redis_client)
+    answer = attempt_jobs.discard_waiting(redis_client, JOB, 2)
+    if answer is None:
+        assert state == "finished" and keyspace(redis_client) == before
+        assert queueing.discard_waiting(redis_client, JOB, 2)
+    ours = keyspace(redis_client)
+    redis_client.flushall()
+    enqueue_attempt(redis_client, "f" * 32, queue="resumeq", attempt=1)
+    WAITING[state](redis_client)
+    assert queueing.discard_waiting(redis_client, JOB, 2) == (answer is not False)
+    assert ours == keyspace(redis_client)
+    assert answer is (None if state == "finished" else state not in ("started", "none"))

@@ -135,21 +135,30 @@ COMMANDS = {
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
-def test_commands_on_redis_load_no_http_client_server_or_fake(
-    command: str, redis_server: RedisServer
+@pytest.mark.parametrize("job", ["queued", "gone"])
+def test_commands_on_redis_load_no_model_rq_http_client_server_or_fake(
+    command: str, job: str, redis_server: RedisServer, real_store: Store
 ) -> None:
+    """Of a job that is queued (a cancel deletes its RQ job) and of one that is gone."""
+    args = COMMANDS[command]
+    if job == "queued":
+        queued = _enqueued(real_store, SPEC)
+        args = [queued if a == COMMANDS["status"][1] else a for a in args]
     out = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "resumeq", *COMMANDS[command]],
+        [sys.executable, "-X", "importtime", "-m", "resumeq", *args],
         env=environment(redis_server.url),
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert out.returncode in (0, 3), out.stderr[-2000:]  # 3: no such job
+    assert out.returncode == (3 if job == "gone" and command != "enqueue" else 0), out.stderr
     names = imported(out.stderr)
     assert "redis" in names and "resumeq.store" in names
-    assert loads(names, NEVER) == []
+    assert loads(names, (*NEVER, "rq")) == []
+    if job == "queued" and command == "cancel":
+        assert real_store.get(queued).state.value == "cancelled"
+        assert not real_store.redis.exists(f"rq:job:{queued}-a1")  # its RQ job deleted
 
 
 @pytest.mark.xdist_group("cpu-heavy")
@@ -159,9 +168,8 @@ def test_commands_on_redis_cost_at_most_import_redis_and_a_seventh_of_a_second(
     """``status`` of a job, ``cancel`` of a queued one (its RQ job deleted) and ``enqueue``
     of one against a real redis-server, each against ``python -c "import redis"`` in the
     same run: what resumeq adds to a command that needs Redis is at most 0.15 s of CPU."""
-    spec = {"prompt": "hi", "provider": "p", "model": "m", "budget_tokens": 10}
-    queued = iter([_enqueued(real_store, spec) for _ in range(6)])  # a cancel each, warm-up too
-    shown = _enqueued(real_store, spec)
+    queued = iter([_enqueued(real_store, SPEC) for _ in range(6)])  # a cancel each, warm-up too
+    shown = _enqueued(real_store, SPEC)
     commands: dict[str, Callable[[], Sequence[str]]] = {
         "import redis": lambda: [sys.executable, "-c", "import redis"],
         "status": lambda: [*RESUMEQ, "status", shown, "--json"],
@@ -175,6 +183,9 @@ def test_commands_on_redis_cost_at_most_import_redis_and_a_seventh_of_a_second(
     assert real_store.get(shown).state.value == "queued"  # status changed nothing
 
 
+SPEC = {"prompt": "hi", "provider": "p", "model": "m", "budget_tokens": 10}
+
+
 def _enqueued(store: Store, spec: dict[str, object]) -> str:
     from resumeq.producer import enqueue_job  # noqa: PLC0415
 
@@ -182,12 +193,12 @@ def _enqueued(store: Store, spec: dict[str, object]) -> str:
 
 
 def test_an_idle_worker_loads_no_server_console_fake_openapi_or_attempt(
-    redis_server: RedisServer, tmp_path: Path
+    redis_server: RedisServer, real_store: Store, tmp_path: Path
 ) -> None:
     """The worker as ``resumeq worker`` starts it (it may start itself again: the
     environment carries the measure along), watched until it has been idle a second. What
     only an attempt needs (the attempt's module, the provider clients, httpx) loads with
-    the first one."""
+    the first one. Redis holds no job (``real_store`` emptied it)."""
     env = {**environment(redis_server.url), "PYTHONPROFILEIMPORTTIME": "1"}
     proc = Proc([*RESUMEQ, "worker"], env=env, log=tmp_path / "worker.log")
     try:

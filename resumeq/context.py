@@ -9,15 +9,14 @@ context: an HTTP connection pool must never be shared across a fork.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import ssl
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+import httpx
 import redis
 
 from resumeq import keys
@@ -26,21 +25,18 @@ from resumeq.checkpoint import IdleFlusher
 from resumeq.connection import connect
 from resumeq.heartbeat import LeaseKeeper
 from resumeq.identity import process_name
+from resumeq.pacing import FULL_AT, paced_transport
 from resumeq.presence import Presence
 from resumeq.settings import ProviderProfile, Settings, load_settings
 from resumeq.store import Store
 
-if TYPE_CHECKING:
-    import httpx
-
 
 class HttpClients:
-    """One HTTP client per provider profile (one connection pool each, one TLS context for
-    the process), made on first use: an idle worker has loaded no HTTP client. A pool holds
-    at most the profile's ``max_connections`` (by default the worker's concurrency): a
-    stream that finds every connection busy waits for one — it never fails for it.
-    Connections are paced by ``read_pause_ms`` (:mod:`resumeq.pacing`) and can be drained
-    at a handoff."""
+    """One HTTP client per provider profile (one TLS context, one connection pool each),
+    made on first use. A pool holds at most the profile's ``max_connections`` (by default
+    the worker's concurrency): a stream that finds every connection busy waits for one —
+    it never fails for it. Connections are paced by ``read_pause_ms`` (:mod:`resumeq.pacing`)
+    and can be drained at a handoff."""
 
     def __init__(
         self, concurrency: int = 1, *, read_pause_ms: int = 0, only: httpx.Client | None = None
@@ -59,10 +55,6 @@ class HttpClients:
     def get(self, name: str, profile: ProviderProfile) -> httpx.Client:
         if self._only is not None:
             return self._only
-        import httpx  # noqa: PLC0415
-
-        from resumeq.pacing import FULL_AT, paced_transport  # noqa: PLC0415
-
         with self._lock:
             client = self._clients.get(name)
             if client is None:
@@ -73,7 +65,7 @@ class HttpClients:
                 limits = httpx.Limits(
                     max_connections=size, max_keepalive_connections=size, keepalive_expiry=60
                 )
-                verify = ssl_context()
+                verify = _SSL_CONTEXT or True
                 transport = paced_transport(
                     self.read_pause_ms / 1000, verify=verify, limits=limits, full_at=FULL_AT
                 )
@@ -169,15 +161,16 @@ class WorkerContext:
 
 
 _CURRENT: WorkerContext | None = None
+#: Built once in a worker's parent process and inherited by every forked attempt: loading
+#: the CA bundle costs about 0.1 s, too much to pay per attempt.
+_SSL_CONTEXT: ssl.SSLContext | None = None
 
 
-@functools.cache
-def ssl_context() -> ssl.SSLContext:
-    """The TLS context of every HTTP client of this process, built once: loading the CA
-    bundle costs about 0.1 s. A forked attempt inherits its parent's, if it was built."""
-    import httpx  # noqa: PLC0415
-
-    return httpx.create_ssl_context()
+def preload() -> None:
+    """Prepare, in a worker's parent process, what each forked attempt would build again."""
+    global _SSL_CONTEXT  # noqa: PLW0603 - one per process tree, by design
+    if _SSL_CONTEXT is None:
+        _SSL_CONTEXT = httpx.create_ssl_context()
 
 
 def redis_pool_size(concurrency: int) -> int:

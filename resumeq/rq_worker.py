@@ -27,11 +27,12 @@ from rq.job_lifecycle import call_exception_handlers
 from rq.registry import ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
+import resumeq.worker  # noqa: F401 - loaded once here, not in every forked attempt
 from resumeq import due
 from resumeq.capabilities import refused, warning
 from resumeq.concurrent import ConcurrentWorker
 from resumeq.connection import connect
-from resumeq.context import build_context, redis_pool_size, set_context
+from resumeq.context import build_context, preload, redis_pool_size, set_context
 from resumeq.due import DueScheduler
 from resumeq.errors import ConfigError, JobFailed
 from resumeq.gate import BACKOFF_CAP_S
@@ -129,9 +130,7 @@ class TruthfulRegistries:
 
 
 class ResumeqWorker(TruthfulRegistries, ConcurrentWorker):
-    """The worker ``resumeq worker`` runs: many attempts per process, on threads. What only
-    an attempt needs (:mod:`resumeq.worker`, the provider clients, httpx) loads with the
-    first one: an idle worker holds less."""
+    """The worker ``resumeq worker`` runs: many attempts per process, on threads."""
 
 
 class ForkingWorker(TruthfulRegistries, Worker):
@@ -144,8 +143,6 @@ class ForkingWorker(TruthfulRegistries, Worker):
     def work(self, *args: Any, **kwargs: Any) -> bool:
         """RQ's loop, with resumeq's due-time scheduler beside it (in this process only:
         a work horse is forked from the loop's thread and has none)."""
-        import resumeq.worker  # noqa: F401, PLC0415 - loaded once here, not in every work horse
-
         scheduler = DueScheduler(self.connection, name=f"resumeq-due:{self.name}").start()
         try:
             return bool(super().work(*args, **kwargs))
@@ -165,6 +162,7 @@ def make_worker(
     if n < 1:
         raise ConfigError(f"--concurrency must be at least 1, not {n}")
     import_hook_modules(settings.file.worker.hook_modules)
+    preload()
     try:
         # RQ's own connection (its blocking dequeue among its uses), apart from the store's.
         # A Sentinel URL's client asks the sentinels again at each new connection: RQ's

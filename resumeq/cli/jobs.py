@@ -26,7 +26,7 @@ _REASON_STATES = ("queued", "spilled", "abandoned", "cancelled", "dropped")
 
 
 def _row(key: str, value: object) -> str:
-    return f"{key:>12}: {value}"
+    return f"{key:>19}: {value}"  # the widest: spent_output_tokens
 
 
 def _attempt_line(a: dict[str, Any]) -> str:
@@ -84,8 +84,8 @@ def _status_lines(info: dict[str, Any]) -> list[str]:
     for key in ("provider", "model", "queue", "revision", "attempt"):
         lines.append(_row(key, info[key]))
     exact = "exact" if info["counts_exact"] else "estimated"
-    cursor = f"{info['spent_output_tokens']}/{info['budget_tokens']} ({exact})"
-    lines.append(_row("cursor", f"{cursor}, floor {info['floor_tokens']}"))
+    spent = f"{info['spent_output_tokens']} of budget_tokens {info['budget_tokens']} ({exact})"
+    lines.append(_row("spent_output_tokens", f"{spent}, floor_tokens {info['floor_tokens']}"))
     lines.extend(_row("attempt", _attempt_line(a)) for a in info["attempts"])
     lines.append(_row("text", f"{len(info['text'])} characters"))
     return lines
@@ -97,7 +97,7 @@ def _status_lines(info: dict[str, Any]) -> list[str]:
 @click.pass_obj
 @reports_errors
 def status(obj: Context, job_id: str, as_json: bool) -> None:
-    """Show a job: its state, cursor, revision, lease, text and ledger."""
+    """Show a job: its state, spent output tokens, revision, lease, attempts and text."""
     from resumeq import ops  # noqa: PLC0415
 
     info = ops.status_dict(obj.store, job_id)

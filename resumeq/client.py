@@ -29,7 +29,7 @@ from resumeq.producer import cancel_job, enqueue_job
 from resumeq.store import DEFAULT_QUEUE, Store, _record, decode, redis_errors
 
 if TYPE_CHECKING:
-    from resumeq.defaults import StoreDefaults
+    from resumeq.defaults import LimitDefaults, StoreDefaults
     from resumeq.settings import StoreSettings
     from resumeq.spec import JobSpec, Limits
 
@@ -272,7 +272,7 @@ class Client:
         connection: redis.Redis,
         *,
         settings: StoreSettings | StoreDefaults | None = None,
-        limits: Limits | None = None,
+        limits: Limits | LimitDefaults | None = None,
     ) -> None:
         self.store = Store(connection, settings=settings, limits=limits)
         self.redis = connection

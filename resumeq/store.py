@@ -21,14 +21,14 @@ import uuid
 import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast
 
 import redis
 
 from resumeq import keys
 from resumeq.connection import connect
-from resumeq.defaults import LIMIT_DEFAULTS, STORE_DEFAULTS, StoreDefaults
+from resumeq.defaults import LIMIT_DEFAULTS, STORE_DEFAULTS, LimitDefaults, StoreDefaults
 from resumeq.errors import (
     CorruptRecord,
     IdempotencyConflict,
@@ -205,13 +205,14 @@ class Store:
         client: redis.Redis,
         *,
         settings: StoreSettings | StoreDefaults | None = None,
-        limits: Limits | None = None,
+        limits: Limits | LimitDefaults | None = None,
     ) -> None:
         self.redis = client
         #: Providers this process registered already (:meth:`_note_provider`).
         self._providers_noted: set[str] = set()
         self.settings: StoreSettings | StoreDefaults = settings or STORE_DEFAULTS
-        #: The limits specs are validated against (None: the defaults).
+        #: The limits specs are validated against (None: the defaults); a config file's
+        #: digest gives them as plain values (:mod:`resumeq.config_digest`).
         self.limits = limits
         self._scripts = Scripts(client)
 
@@ -299,7 +300,16 @@ class Store:
                 return quick
         from resumeq.spec import parse_spec  # noqa: PLC0415
 
-        return CheckedSpec.of(parse_spec(spec, limits=self.limits))
+        return CheckedSpec.of(parse_spec(spec, limits=self._model_limits()))
+
+    def _model_limits(self) -> Limits | None:
+        """The limits as the model takes them (it reads no plain values: it would take
+        the defaults instead)."""
+        if self.limits is None or not isinstance(self.limits, LimitDefaults):
+            return self.limits
+        from resumeq.spec import Limits as ModelLimits  # noqa: PLC0415
+
+        return ModelLimits(**asdict(self.limits))
 
     def cancel(self, job_id: str, *, reason: str = "cancelled") -> int:
         """Cancel a job that is not terminal; answers the new revision."""
@@ -399,7 +409,7 @@ class Store:
             from resumeq.spec import parse_spec  # noqa: PLC0415
 
             edited = record.spec.model_dump(mode="json") | update
-            spec = parse_spec(edited, limits=self.limits)
+            spec = parse_spec(edited, limits=self._model_limits())
             spec_json, new_hash = spec.to_json(), spec.prompt_hash()
         job_keys = [
             keys.job(job_id),

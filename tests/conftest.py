@@ -79,6 +79,20 @@ def _ended(pid: int) -> bool:
     return tracker or stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def a_cache_of_its_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The command line keeps config digests in the user's cache directory
+    (:mod:`resumeq.config_digest`): the suite's go to a directory of its own, which every
+    process it starts inherits, and nothing is left in the user's."""
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+    yield
+    if before is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+
+
 @pytest.fixture(autouse=True)
 def nothing_left_behind() -> Iterator[None]:
     """A test leaves no thread, timer or process of its own behind: what it started has

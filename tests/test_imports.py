@@ -48,6 +48,16 @@ def imported(stderr: str) -> set[str]:
     return {m.group(1) for line in stderr.splitlines() if (m := _IMPORTED.match(line))}
 
 
+def loaded(args: Sequence[str], env: dict[str, str]) -> set[str]:
+    """The modules a command (``args``: a command line) loaded; it succeeded."""
+    out = subprocess.run(args, env={**env, "PYTHONPROFILEIMPORTTIME": "1"}, capture_output=True,
+                         text=True, timeout=60, check=False)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    names = imported(out.stderr)
+    assert "resumeq.cli" in names  # the measure saw the imports
+    return names
+
+
 def loads(names: set[str], prefixes: Sequence[str]) -> list[str]:
     return sorted(n for n in names if any(n == p or n.startswith(p + ".") for p in prefixes))
 
@@ -162,20 +172,26 @@ def test_commands_on_redis_load_no_model_rq_http_client_server_or_fake(
 
 @pytest.mark.xdist_group("cpu-heavy")
 def test_commands_on_redis_cost_at_most_import_redis_and_a_seventh_of_a_second(
-    redis_server: RedisServer, real_store: Store
+    redis_server: RedisServer, real_store: Store, tmp_path: Path
 ) -> None:
     """``status`` of a job, ``cancel`` of a queued one (its RQ job deleted) and ``enqueue``
     of one against a real redis-server, each against ``python -c "import redis"`` in the
     same run: what resumeq adds to a command that needs Redis is at most 0.15 s of CPU."""
-    queued = iter([_enqueued(real_store, SPEC) for _ in range(6)])  # a cancel each, warm-up too
+    queued = iter([_enqueued(real_store, SPEC) for _ in range(12)])  # a cancel each, warm-up too
     shown = _enqueued(real_store, SPEC)
+    # As a deployment runs them: with a config file (its digest kept by the warm-up round).
+    config = ["--config", str(_config(tmp_path))]
     commands: dict[str, Callable[[], Sequence[str]]] = {
         "import redis": lambda: [sys.executable, "-c", "import redis"],
         "status": lambda: [*RESUMEQ, "status", shown, "--json"],
         "cancel": lambda: [*RESUMEQ, "cancel", next(queued), "--json"],
         "enqueue": lambda: [*RESUMEQ, *COMMANDS["enqueue"]],
+        "status, config": lambda: [*RESUMEQ, *config, "status", shown, "--json"],
+        "cancel, config": lambda: [*RESUMEQ, *config, "cancel", next(queued), "--json"],
+        "enqueue, config": lambda: [*RESUMEQ, *config, *COMMANDS["enqueue"]],
     }
-    spent = cpu_of_each(commands, installed(redis_server.url))
+    env = {**installed(redis_server.url), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    spent = cpu_of_each(commands, env)
     budget = spent["import redis"] + 0.15
     report = ", ".join(f"{name} {s:.3f} s" for name, s in spent.items())
     assert all(s <= budget for s in spent.values()), f"over {budget:.3f} s: {report}"
@@ -183,6 +199,54 @@ def test_commands_on_redis_cost_at_most_import_redis_and_a_seventh_of_a_second(
 
 
 SPEC = {"prompt": "hi", "provider": "p", "model": "m", "budget_tokens": 10}
+
+
+def _config(tmp_path: Path, *, retention_s: int = 3600) -> Path:
+    path = tmp_path / "resumeq.toml"
+    path.write_text(
+        f'[providers.p]\nkind = "fake"\nbase_url = "http://127.0.0.1:9/v1"\n'
+        f"[store]\nretention_s = {retention_s}\n[limits]\nmax_budget_tokens = 500\n",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_a_config_file_is_validated_once_per_content_then_read_without_the_models(
+    redis_server: RedisServer, real_store: Store, tmp_path: Path
+) -> None:
+    """The first command validates the file with the models and keeps its digest; the next
+    reads the digest and loads no model; a file changed by one byte is validated again (a
+    mistake in it is named, whatever was kept of the file before); an unwritable cache only
+    means validating every time."""
+    shown = _enqueued(real_store, SPEC)
+    config = _config(tmp_path)
+    env = {**environment(redis_server.url), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    status = [*RESUMEQ, "--config", str(config), "status", shown, "--json"]
+    first, second = loaded(status, env), loaded(status, env)
+    assert "pydantic" in first and "resumeq.settings" in first  # validated
+    assert loads(second, ("pydantic", "resumeq.settings", "rq")) == []  # the digest
+    assert len(list((tmp_path / "cache" / "resumeq").glob("config-*.json"))) == 1
+    # The digest holds what the models made of the file: [limits] still bounds a job.
+    enqueue = [*RESUMEQ, "--config", str(config), "enqueue", "--provider", "p", "--model",
+               "m", "--budget", "600", "--prompt", "hi"]  # fmt: skip
+    over = subprocess.run(enqueue, env=env, capture_output=True, text=True, timeout=60,
+                          check=False)  # fmt: skip
+    assert over.returncode != 0 and "budget_tokens" in over.stderr
+    nope = [*RESUMEQ, "--config", str(config), "enqueue", "--provider", "nope", "--model",
+            "m", "--budget", "10", "--prompt", "hi"]  # fmt: skip
+    unknown = subprocess.run(nope, env=env, capture_output=True, text=True, timeout=60,
+                             check=False)  # fmt: skip
+    assert unknown.returncode != 0 and "unknown provider profile 'nope'" in unknown.stderr
+    config.write_text(config.read_text().replace("3600", "-1"), encoding="utf-8")
+    broken = subprocess.run(status, env=env, capture_output=True, text=True, timeout=60,
+                            check=False)  # fmt: skip
+    assert broken.returncode != 0 and "store.retention_s" in broken.stderr
+    # A cache that cannot be written: validated each time, and the command works.
+    (tmp_path / "blocked").write_text("a file where the cache directory would be")
+    _config(tmp_path)
+    blocked = {**env, "XDG_CACHE_HOME": str(tmp_path / "blocked")}
+    for _ in range(2):
+        assert "pydantic" in loaded(status, blocked)
 
 
 def _enqueued(store: Store, spec: dict[str, object]) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import click
 
-from resumeq import defaults
+from resumeq import config_digest, defaults
 from resumeq.errors import ConfigError, JobNotFound, ResumeqError
 
 if TYPE_CHECKING:
@@ -44,6 +44,7 @@ class Context:
         self._config = config
         self._checked_url: str | None = None
         self._settings: Settings | None = None
+        self._digest: config_digest.ConfigDigest | None = None
         self._store: Store | None = None
 
     @property
@@ -56,20 +57,42 @@ class Context:
         if self._settings is None:
             from resumeq.settings import load_settings  # noqa: PLC0415
 
+            path = defaults.config_path(self._config)
+            data = config_digest.read_bytes(path) if path is not None else None
             settings = load_settings(redis_url=self._redis_url, config_path=self._config)
+            if path is not None and data is not None:
+                config_digest.save(path, data, settings.file)
             self._url()
             self._settings = settings
         return self._settings
+
+    @property
+    def digest(self) -> config_digest.ConfigDigest | None:
+        """What a command reads of the config file without the models, if they validated
+        the file as it is now (:mod:`resumeq.config_digest`); None without a config file."""
+        path = defaults.config_path(self._config)
+        if path is None:
+            return None
+        if self._settings is None and self._digest is None:
+            self._digest = config_digest.load(path)
+        if self._digest is None:
+            file = self.settings.file  # validates the file (and keeps its digest)
+            self._digest = config_digest.ConfigDigest(
+                store=defaults.StoreDefaults(**file.store.model_dump()),
+                limits=defaults.LimitDefaults(**file.limits.model_dump()),
+                providers=tuple(sorted(file.providers)),
+            )
+        return self._digest
 
     @property
     def store(self) -> Store:
         if self._store is None:
             from resumeq.store import Store  # noqa: PLC0415
 
-            if self.configured:
-                file = self.settings.file
+            digest = self.digest
+            if digest is not None:
                 self._store = Store.from_url(
-                    self.settings.redis_url, settings=file.store, limits=file.limits
+                    self._url(), settings=digest.store, limits=digest.limits
                 )
             else:
                 self._store = Store.from_url(self._url())

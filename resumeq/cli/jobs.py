@@ -166,7 +166,8 @@ def enqueue(obj: Context, /, as_json: bool, queue: str, **options: Any) -> None:
     from resumeq.producer import enqueue_job  # noqa: PLC0415
 
     spec = _spec_from_options(options)
-    providers = obj.settings.file.providers if obj.configured else {}
+    digest = obj.digest
+    providers = digest.providers if digest is not None else ()
     if providers and spec["provider"] not in providers:
         obj.settings.profile(spec["provider"])  # raises: names the known profiles
     result = enqueue_job(obj.store, obj.store.redis, spec, queue=queue)

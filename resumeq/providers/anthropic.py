@@ -26,9 +26,9 @@ from resumeq.providers.base import (
     TextDelta,
     Usage,
     error_details,
-    int_or_none,
     json_object,
 )
+from resumeq.providers.counts import int_or_none
 
 API_VERSION = "2023-06-01"
 _CACHE = {"type": "ephemeral"}

@@ -52,6 +52,7 @@ from resumeq.errors import (
 )
 from resumeq.pacing import PacedStream
 from resumeq.providers.sse import iter_events
+from resumeq.providers.tokenize import READERS
 from resumeq.settings import ProviderProfile
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -164,11 +165,6 @@ def error_details(body: str) -> tuple[str, str | None]:
     if isinstance(err, str):
         return err, None
     return body.strip()[:300], None
-
-
-def int_or_none(value: Any) -> int | None:
-    """A count from a provider's JSON: an int (not a bool), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def json_object(sse: ServerSentEvent) -> dict[str, Any]:
@@ -407,8 +403,6 @@ class ProviderClient(ABC):
         """Tokens of ``text`` by the provider's counting endpoint (the profile's
         ``tokenizer`` format); raises :class:`~resumeq.errors.ProviderError` when the
         endpoint fails or answers something that is not a count."""
-        from resumeq.providers.tokenize import READERS  # noqa: PLC0415 - it imports this module
-
         if not text:
             return 0
         reader = READERS[self.profile.tokenizer_format]

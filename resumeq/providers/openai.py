@@ -30,9 +30,9 @@ from resumeq.providers.base import (
     TextDelta,
     Usage,
     error_details,
-    int_or_none,
     json_object,
 )
+from resumeq.providers.counts import int_or_none
 
 #: Delta fields of reasoning text: vLLM's newer ``reasoning`` and older ``reasoning_content``
 #: (also DeepSeek's).

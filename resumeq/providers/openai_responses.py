@@ -40,9 +40,9 @@ from resumeq.providers.base import (
     StreamEvent,
     TextDelta,
     Usage,
-    int_or_none,
     json_object,
 )
+from resumeq.providers.counts import int_or_none
 from resumeq.providers.openai import OpenAIClient
 
 #: Deltas of reasoning text (the model's own, or its summary).

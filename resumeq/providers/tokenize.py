@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from resumeq.errors import UnreadableCount
-from resumeq.providers.base import int_or_none
+from resumeq.providers.counts import int_or_none
 from resumeq.settings import ProviderProfile
 
 

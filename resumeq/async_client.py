@@ -132,6 +132,8 @@ class AsyncClient:
         return await self._write(self.writer.enqueue, spec, queue=queue)
 
     async def cancel(self, job_id: str, *, reason: str = CANCEL_REASON) -> Job:
+        """As :meth:`Client.cancel <resumeq.client.Client.cancel>`: a job that had ended is
+        answered as it ended."""
         return await self._write(self.writer.cancel, job_id, reason=reason)
 
     async def _write(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:

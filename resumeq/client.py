@@ -23,7 +23,7 @@ import redis
 from redis.typing import KeyT, StreamIdT
 
 from resumeq import keys
-from resumeq.errors import JobNotFound, StoreError
+from resumeq.errors import InvalidTransition, JobNotFound, StoreError
 from resumeq.models import TERMINAL_STATES, JobRecord, JobState
 from resumeq.producer import cancel_job, enqueue_job
 from resumeq.store import DEFAULT_QUEUE, Store, _record, decode, redis_errors
@@ -297,7 +297,15 @@ class Client:
         return Job.from_snapshot(*self.store.snapshot(job_id))
 
     def cancel(self, job_id: str, *, reason: str = CANCEL_REASON) -> Job:
-        cancel_job(self.store, job_id, reason=reason)
+        """Cancel a job that has not ended, and answer it. A job that had ended is answered
+        as it ended, unchanged (its state says so), as ``resumeq cancel`` and ``POST
+        /v1/jobs/ID/cancel`` answer it; :class:`~resumeq.errors.JobNotFound` for an unknown
+        job."""
+        try:
+            cancel_job(self.store, job_id, reason=reason)
+        except InvalidTransition as exc:
+            if not JobState(exc.state).terminal:
+                raise
         return self.get(job_id)
 
     def wait(self, job_id: str, timeout: float) -> Job:

@@ -173,6 +173,15 @@ def test_cancelling_a_waiting_job_removes_its_rq_job_wherever_it_waits(client: C
         assert not client.redis.exists(f"rq:job:{rq_id}")
 
 
+def test_cancel_of_an_ended_job_answers_it_unchanged_as_every_face_does(client: Client) -> None:
+    job_id = client.enqueue(SPEC)
+    assert client.cancel(job_id).state is JobState.CANCELLED
+    again = client.cancel(job_id, reason="a second time")
+    assert again.state is JobState.CANCELLED and again.revision == client.get(job_id).revision
+    with pytest.raises(JobNotFound):
+        client.cancel("no-such-job")
+
+
 def test_a_running_attempt_is_left_to_its_worker(client: Client) -> None:
     job_id = client.enqueue(SPEC)
     rq_job = rq_queue("resumeq", client.redis).fetch_job(attempt_rq_id(job_id, 1))

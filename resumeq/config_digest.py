@@ -69,27 +69,25 @@ def load(path: Path) -> ConfigDigest | None:
         return None
 
 
+def of(file: ConfigFile) -> ConfigDigest:
+    """What the models made of a file, as a command reads it."""
+    return ConfigDigest(
+        store=StoreDefaults(**file.store.model_dump()),
+        limits=LimitDefaults(**file.limits.model_dump()),
+        providers=tuple(sorted(file.providers)),
+    )
+
+
 def save(path: Path, data: bytes, file: ConfigFile) -> None:
     """Keep the digest of ``file``, what the models made of ``data``, if the file still
     holds those bytes; quietly nothing if the cache cannot be written."""
     if read_bytes(path) != data:
         return  # changed while it was validated: the next command validates it again
-    digest = {
-        "store": file.store.model_dump(mode="json"),
-        "limits": file.limits.model_dump(mode="json"),
-        "providers": sorted(file.providers),
-    }
-    # The digest's fields are the defaults' (a field one has and the other lacks would
-    # write a digest that cannot be read back: none then).
-    if set(digest["store"]) != set(asdict(StoreDefaults())) or set(digest["limits"]) != set(
-        asdict(LimitDefaults())
-    ):
-        return
     where = _where(data)
     try:
         where.parent.mkdir(parents=True, exist_ok=True)
         partial = where.with_name(f"{where.name}.{os.getpid()}.tmp")
-        partial.write_text(json.dumps(digest), encoding="utf-8")
+        partial.write_text(json.dumps(asdict(of(file))), encoding="utf-8")
         os.replace(partial, where)  # whole or not at all
     except OSError:
         return

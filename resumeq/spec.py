@@ -9,6 +9,7 @@ like a URL or a credential and refused with a message that names the field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from enum import StrEnum
@@ -26,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from resumeq.defaults import LIMIT_DEFAULTS
+from resumeq.defaults import LIMIT_DEFAULTS, LimitDefaults
 from resumeq.errors import FieldError, InvalidSpec
 from resumeq.spec_rules import (
     DEFAULT_FLOOR_TOKENS,
@@ -360,22 +361,27 @@ def _strings(value: JsonValue) -> list[str]:
     return []
 
 
-def parse_spec(data: JobSpec | Mapping[str, Any], *, limits: Limits | None = None) -> JobSpec:
+def parse_spec(
+    data: JobSpec | Mapping[str, Any], *, limits: Limits | LimitDefaults | None = None
+) -> JobSpec:
     """Validate ``data`` into a JobSpec, or raise :class:`InvalidSpec` naming each field.
 
     A JobSpec already built is validated again against ``limits`` (which may be tighter
-    than the defaults it was built with).
+    than the defaults it was built with); plain limits (a config file's digest,
+    :mod:`resumeq.config_digest`) are taken as the model's.
     """
     raw: Any = data.model_dump(exclude_defaults=True) if isinstance(data, JobSpec) else data
     if not isinstance(raw, Mapping):
         raise InvalidSpec([FieldError("spec", f"must be an object, got {type(raw).__name__}")])
+    if isinstance(limits, LimitDefaults):
+        limits = Limits(**dataclasses.asdict(limits))
     try:
         return JobSpec.model_validate(raw, context={"limits": limits or DEFAULT_LIMITS})
     except ValidationError as exc:
         raise InvalidSpec(_field_errors(exc)) from None
 
 
-def parse_spec_json(blob: str | bytes, *, limits: Limits | None = None) -> JobSpec:
+def parse_spec_json(blob: str | bytes, *, limits: Limits | LimitDefaults | None = None) -> JobSpec:
     """Like :func:`parse_spec`, from JSON text."""
     try:
         data = json.loads(blob)

@@ -21,7 +21,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, cast
 
 import redis
@@ -300,16 +300,7 @@ class Store:
                 return quick
         from resumeq.spec import parse_spec  # noqa: PLC0415
 
-        return CheckedSpec.of(parse_spec(spec, limits=self._model_limits()))
-
-    def _model_limits(self) -> Limits | None:
-        """The limits as the model takes them (it reads no plain values: it would take
-        the defaults instead)."""
-        if self.limits is None or not isinstance(self.limits, LimitDefaults):
-            return self.limits
-        from resumeq.spec import Limits as ModelLimits  # noqa: PLC0415
-
-        return ModelLimits(**asdict(self.limits))
+        return CheckedSpec.of(parse_spec(spec, limits=self.limits))
 
     def cancel(self, job_id: str, *, reason: str = "cancelled") -> int:
         """Cancel a job that is not terminal; answers the new revision."""
@@ -409,7 +400,7 @@ class Store:
             from resumeq.spec import parse_spec  # noqa: PLC0415
 
             edited = record.spec.model_dump(mode="json") | update
-            spec = parse_spec(edited, limits=self._model_limits())
+            spec = parse_spec(edited, limits=self.limits)
             spec_json, new_hash = spec.to_json(), spec.prompt_hash()
         job_keys = [
             keys.job(job_id),

@@ -8,7 +8,6 @@ Screenshots go to ``build/screenshots/`` (``browser-follow*.png``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from browser_support import StaticSite, chromium, shot
+from serve_support import fake_profile, token_entries
 
 from resumeq.fake import FakeProvider
 from resumeq.store import Store
@@ -111,12 +111,8 @@ def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Api]:
         FakeProvider(completion_tokens=400) as fake,
         StaticSite(PAGE) as page_site,
     ):
-        profile = {"kind": "openai", "base_url": fake.openai_base_url, "counting": "usage",
-                   "continue_mode": "continue_final_message"}  # fmt: skip
-        tokens = [
-            {"sha256": hashlib.sha256(bearer(w).encode()).hexdigest(), "role": r, "name": w}
-            for w, r in TOKENS.items()
-        ]
+        profile = fake_profile(fake)
+        tokens = token_entries(TOKENS, bearer)
         port = free_port()
         config = write_config(
             tmp / "resumeq.toml",

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from browser_support import StaticSite, chromium, shot
+from serve_support import console_up
 
 from resumeq import keys
 from resumeq.fake import FakeProvider
@@ -93,19 +94,12 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
             cluster.janitor(interval_s=0.3)
             cluster.command("serve")
             base = f"http://127.0.0.1:{port}"
-            wait_for(lambda: _up(base), timeout_s=30, what="resumeq serve")
+            wait_for(lambda: console_up(base), timeout_s=30, what="resumeq serve")
             headers = {"Authorization": f"Bearer {secret('ops')}"}
             with httpx.Client(base_url=base, headers=headers, timeout=30) as api:
                 yield Site(base, Store.from_url(redis_server.url), fake, cluster, api)
         finally:
             cluster.stop()
-
-
-def _up(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/console/login", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,6 @@ Screenshots go to ``build/screenshots/`` (``nginx-*.png``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from browser_support import chromium, shot
+from serve_support import console_up, fake_profile, token_entries
 
 from resumeq.fake import FakeProvider
 from resumeq.store import Store
@@ -61,12 +61,8 @@ class Proxied:
 def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
     tmp = tmp_path_factory.mktemp("nginx")
     with RedisServer() as redis_server, FakeProvider(completion_tokens=200) as fake:
-        profile = {"kind": "openai", "base_url": fake.openai_base_url, "counting": "usage",
-                   "continue_mode": "continue_final_message"}  # fmt: skip
-        tokens = [
-            {"sha256": hashlib.sha256(bearer(w).encode()).hexdigest(), "role": r, "name": w}
-            for w, r in TOKENS.items()
-        ]
+        profile = fake_profile(fake)
+        tokens = token_entries(TOKENS, bearer)
         port = free_port()
         config = write_config(
             tmp / "resumeq.toml",
@@ -88,18 +84,11 @@ def proxied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxied]:
             cluster.janitor(interval_s=0.3)
             cluster.command("serve")
             direct = f"http://127.0.0.1:{port}"
-            wait_for(lambda: _up(direct), timeout_s=30, what="resumeq serve")
+            wait_for(lambda: console_up(direct), timeout_s=30, what="resumeq serve")
             with Nginx(f"127.0.0.1:{port}", documented_location(HTTP_API)) as nginx:
                 yield Proxied(nginx.url, direct, Store.from_url(redis_server.url), fake)
         finally:
             cluster.stop()
-
-
-def _up(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/console/login", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_event_streams_arrive_through_nginx_as_they_are_written(proxied: Proxied) -> None:

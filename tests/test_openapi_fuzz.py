@@ -7,7 +7,6 @@ event by event)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -15,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
+from serve_support import console_up, fake_profile, token_entries
 
 from resumeq.fake import FakeProvider
 from resumeq.testing import RedisServer
@@ -43,12 +42,8 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("fuzz")
     with RedisServer() as redis_server, FakeProvider(completion_tokens=40) as fake:
-        profile = {"kind": "openai", "base_url": fake.openai_base_url, "counting": "usage",
-                   "continue_mode": "continue_final_message"}  # fmt: skip
-        tokens = [
-            {"sha256": hashlib.sha256(bearer(w).encode()).hexdigest(), "role": r, "name": w}
-            for w, r in TOKENS.items()
-        ]
+        profile = fake_profile(fake)
+        tokens = token_entries(TOKENS, bearer)
         port = free_port()
         config = write_config(
             tmp / "resumeq.toml",
@@ -66,17 +61,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             cluster.worker(concurrency=8)
             cluster.command("serve")
             base = f"http://127.0.0.1:{port}"
-            wait_for(lambda: _up(base), timeout_s=30, what="resumeq serve")
+            wait_for(lambda: console_up(base), timeout_s=30, what="resumeq serve")
             yield Served(base, tmp)
         finally:
             cluster.stop()
-
-
-def _up(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/console/login", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def fuzz(served: Served, who: str, *, seed: int, examples: int) -> subprocess.CompletedProcess[str]:

@@ -75,13 +75,8 @@ class Context:
             return None
         if self._settings is None and self._digest is None:
             self._digest = config_digest.load(path)
-        if self._digest is None:
-            file = self.settings.file  # validates the file (and keeps its digest)
-            self._digest = config_digest.ConfigDigest(
-                store=defaults.StoreDefaults(**file.store.model_dump()),
-                limits=defaults.LimitDefaults(**file.limits.model_dump()),
-                providers=tuple(sorted(file.providers)),
-            )
+        if self._digest is None:  # the models validate the file (and keep its digest)
+            self._digest = config_digest.of(self.settings.file)
         return self._digest
 
     @property

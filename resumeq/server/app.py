@@ -67,6 +67,7 @@ from resumeq.server.console import Console
 from resumeq.server.cors import Cors, preflight
 from resumeq.server.follow import FollowTokens, TokenRefused
 from resumeq.server.openapi import (
+    IDEMPOTENCY_HEADER_KEY,
     IDEMPOTENCY_HEADER_PATTERN,
     LAST_EVENT_ID_PATTERN,
     SPILL_CURSOR_PATTERN,
@@ -88,6 +89,8 @@ R = TypeVar("R")
 _DIGITS = re.compile(r"[0-9]{1,18}")
 #: An ``Idempotency-Key`` as a client may send it (it is kept under its principal's name).
 IDEMPOTENCY_HEADER_RE = re.compile(IDEMPOTENCY_HEADER_PATTERN)
+#: A body's ``idempotency_key``: the key alone (a JSON string needs no quotes of its own).
+_BODY_KEY_RE = re.compile(IDEMPOTENCY_HEADER_KEY)
 _LAST_EVENT_ID_RE = re.compile(LAST_EVENT_ID_PATTERN)
 _SPILL_CURSOR_RE = re.compile(SPILL_CURSOR_PATTERN)
 #: How long the service waits for Redis on one command (its event reads block for 1 s).
@@ -313,9 +316,7 @@ def _idempotency_key(request: Request, body: dict[str, Any]) -> str | None:
         return header
     if in_body is None:
         return None
-    if not isinstance(in_body, str) or not IDEMPOTENCY_HEADER_RE.fullmatch(in_body):
-        raise Problem.field(422, "idempotency_key", _KEY_CHARS)
-    if in_body.startswith('"'):
+    if not isinstance(in_body, str) or not _BODY_KEY_RE.fullmatch(in_body):
         raise Problem.field(422, "idempotency_key", _KEY_CHARS)
     _check_key(422, "idempotency_key", in_body)
     return in_body

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import sys
 
-from resumeq import heap
-from resumeq.errors import ResumeqError
-from resumeq.rq_worker import exit_now, run_worker
-from resumeq.settings import load_settings
+from resumeq.core.errors import ResumeqError
+from resumeq.core.settings import load_settings
+from resumeq.worker import heap
+from resumeq.worker.rq_worker import exit_now, run_worker
 
 
 def main(argv: list[str]) -> int:

@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 
-from resumeq.continuation import plan_request
+from resumeq.core.continuation import plan_request
+from resumeq.core.settings import load_settings
+from resumeq.core.spec import JobSpec
 from resumeq.providers import TextDelta, make_client
-from resumeq.settings import load_settings
-from resumeq.spec import JobSpec
 
 #: Loaded once where the worker preloads this module, as resumeq's worker does with its own:
 #: both sides pay for the CA bundle once, not per attempt.

@@ -170,9 +170,16 @@ def concurrent_worker(cluster: Cluster, queue: str, concurrency: int) -> Proc:
 
 def forking_worker(cluster: Cluster, queue: str) -> Proc:
     """The fork model: RQ's forking worker with resumeq's registry rules (``rq worker -w
-    resumeq.rq_worker.ForkingWorker``), one attempt at a time, each in a work horse."""
+    resumeq.worker.rq_worker.ForkingWorker``), one attempt at a time, each in a work horse."""
     url = cluster.env["RESUMEQ_REDIS_URL"]
-    args = [sys.executable, "-m", "rq.cli", "worker", "-w", "resumeq.rq_worker.ForkingWorker"]
+    args = [
+        sys.executable,
+        "-m",
+        "rq.cli",
+        "worker",
+        "-w",
+        "resumeq.worker.rq_worker.ForkingWorker",
+    ]
     args += ["-S", "json", "-u", url, queue]
     proc = Proc(args, env=cluster.env, log=cluster.directory / f"forking-{len(cluster.procs)}.log")
     cluster.procs.append(proc)

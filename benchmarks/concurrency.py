@@ -72,10 +72,9 @@ from _harness import (
     worker_load,
 )
 
-from resumeq import keys
-from resumeq.producer import enqueue_job
-from resumeq.settings import WorkerSettings
-from resumeq.store import Store
+from resumeq.core.settings import WorkerSettings
+from resumeq.producer.enqueue import enqueue_job
+from resumeq.store import Store, keys
 from resumeq.testing.processes import Cluster, Proc
 
 #: One prompt for every job: the fake plans its (long) completion once.

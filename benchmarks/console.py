@@ -41,10 +41,9 @@ import redis
 from _console_peer import DONE_QUEUE, WAITING_QUEUE, populate, start_dashboard
 from _harness import FakeProcess, wait_until
 
-from resumeq import audit
-from resumeq.ops import stats
-from resumeq.producer import enqueue_job
-from resumeq.store import Store
+from resumeq.producer.enqueue import enqueue_job
+from resumeq.producer.ops import stats
+from resumeq.store import Store, audit
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, write_config
 from resumeq.testing.redis_server import free_port

@@ -49,12 +49,11 @@ from _harness import (
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from resumeq import keys
 from resumeq.fake import VOCABULARY, FakeProvider, count_tokens
 from resumeq.fake.conversation import conversation_of
 from resumeq.fake.prompt import layout
-from resumeq.producer import enqueue_job
-from resumeq.store import Store
+from resumeq.producer.enqueue import enqueue_job
+from resumeq.store import Store, keys
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, write_config
 

@@ -1,5 +1,5 @@
 """How far a cut attempt's estimated output is from its truth: calibrated on exact counts
-(``resumeq.calibration``) against the fixed bytes-per-token rule it replaces, side by side on
+(``resumeq.core.calibration``) against the fixed bytes-per-token rule it replaces, side by side on
 the same cut texts.
 
 The texts are the fake provider's genres (prose of long tokens, code, tables, songs,
@@ -26,8 +26,8 @@ import statistics
 import sys
 from typing import Any
 
-from resumeq.calibration import Calibration, Sample, pieces
-from resumeq.counting import estimate
+from resumeq.core.calibration import Calibration, Sample, pieces
+from resumeq.core.counting import estimate
 from resumeq.fake.conversation import conversation_of
 from resumeq.fake.genres import genre_tokens
 from resumeq.fake.markers import GENRES

@@ -20,9 +20,8 @@ from contextlib import ExitStack
 
 import redis
 
-from resumeq import keys
-from resumeq.models import Lease
-from resumeq.store import Store
+from resumeq.core.models import Lease
+from resumeq.store import Store, keys
 from resumeq.testing import RedisServer
 
 SPEC = {"prompt": "benchmark", "provider": "bench", "model": "m", "budget_tokens": 60_000}

@@ -28,11 +28,10 @@ from typing import Any
 import redis
 from _harness import baseline_worker, ended_rq_jobs, enqueue_naive, median, wait_until
 
-from resumeq import keys
 from resumeq.fake import FakeProvider
-from resumeq.producer import enqueue_job
-from resumeq.queueing import attempt_rq_id
-from resumeq.store import Store
+from resumeq.producer.enqueue import enqueue_job
+from resumeq.queue.queueing import attempt_rq_id
+from resumeq.store import Store, keys
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, write_config
 

@@ -19,7 +19,7 @@ are endless on purpose).
   (``_arq_peer.py``), one process with ``max_jobs`` = S, running the same stream with a
   checkpoint on the same rule (32 tokens or 250 ms), measured in the same run.
 - ``mb_per_stream_fork``: the fork model, measured at ``--fork-streams`` (20) streams: one
-  ``rq worker -w resumeq.rq_worker.ForkingWorker`` per stream, each forking a work horse.
+  ``rq worker -w resumeq.worker.rq_worker.ForkingWorker`` per stream, each forking a work horse.
 - ``baseline_mb_per_stream`` (skipped with ``--no-baseline``): the naive job of
   ``_baseline.py`` on plain ``rq worker`` processes, one per stream, at ``--fork-streams``.
 
@@ -58,7 +58,7 @@ from _harness import (
     wait_until,
 )
 
-from resumeq.producer import enqueue_job
+from resumeq.producer.enqueue import enqueue_job
 from resumeq.store import Store
 from resumeq.testing.processes import Cluster, Proc
 

@@ -39,10 +39,9 @@ from _harness import baseline_worker, ended_rq_jobs, enqueue_naive, median, wait
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from resumeq import keys
 from resumeq.fake import FakeProvider
-from resumeq.producer import enqueue_job
-from resumeq.store import Store
+from resumeq.producer.enqueue import enqueue_job
+from resumeq.store import Store, keys
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, write_config
 from resumeq.testing.sentinel import FAST_SYNC, wait_replicated

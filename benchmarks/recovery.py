@@ -28,9 +28,9 @@ from typing import Any
 
 from _harness import rq_workers
 
+from resumeq.core.models import JobRecord, holder_pid
 from resumeq.fake import FakeProvider
-from resumeq.models import JobRecord, holder_pid
-from resumeq.producer import enqueue_job
+from resumeq.producer.enqueue import enqueue_job
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, Proc, descendants, wait_for, write_config

@@ -12,7 +12,7 @@ prose), several seeds each. Every text is cut at every token boundary (or a samp
   then goes on; caught means exactly the restatement was dropped.
 
 Rules compared: the rule before (the longest start of the continuation that the prefix ends
-with, at least 16 characters), and the rule now (``resumeq.splice.overlap``: at least 16,
+with, at least 16 characters), and the rule now (``resumeq.core.splice.overlap``: at least 16,
 starting and ending on word boundaries, a passage that occurs once and does not repeat
 itself), with the minimum at 24 and 32 for reference. Pure computation: no servers.
 
@@ -28,10 +28,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from resumeq.core.splice import overlap
 from resumeq.fake.conversation import conversation_of
 from resumeq.fake.genres import genre_tokens
 from resumeq.fake.markers import GENRES
-from resumeq.splice import overlap
 
 Rule = Callable[[str, str], int]
 WINDOW = 2_000

@@ -37,10 +37,9 @@ import httpx
 import redis
 from _harness import FakeProcess, command_calls, cpu_s, wait_until
 
-from resumeq import keys
-from resumeq.async_client import AsyncClient
-from resumeq.producer import enqueue_job
-from resumeq.store import Store
+from resumeq.producer.async_client import AsyncClient
+from resumeq.producer.enqueue import enqueue_job
+from resumeq.store import Store, keys
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, Proc, write_config
 from resumeq.testing.redis_server import free_port

@@ -32,10 +32,9 @@ from _harness import (
     median,
 )
 
-from resumeq import keys
 from resumeq.fake import FakeProvider
-from resumeq.producer import enqueue_job
-from resumeq.store import Store
+from resumeq.producer.enqueue import enqueue_job
+from resumeq.store import Store, keys
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, wait_for, write_config
 

@@ -7,7 +7,7 @@ load with the package; every other name loads with its module on first use.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from resumeq.errors import (
+from resumeq.core.errors import (
     ConfigError,
     CorruptRecord,
     Disconnected,
@@ -44,9 +44,7 @@ from resumeq.errors import (
 )
 
 if TYPE_CHECKING:
-    from resumeq.async_client import AsyncClient
-    from resumeq.client import Client, Delta, Job
-    from resumeq.models import (
+    from resumeq.core.models import (
         TERMINAL_STATES,
         Acquired,
         CreateResult,
@@ -55,7 +53,7 @@ if TYPE_CHECKING:
         JobState,
         Lease,
     )
-    from resumeq.settings import (
+    from resumeq.core.settings import (
         ConfigFile,
         JanitorSettings,
         Prices,
@@ -65,7 +63,7 @@ if TYPE_CHECKING:
         WorkerSettings,
         load_settings,
     )
-    from resumeq.spec import (
+    from resumeq.core.spec import (
         ExitPolicy,
         GenerationParams,
         JobSpec,
@@ -75,18 +73,20 @@ if TYPE_CHECKING:
         parse_spec,
         parse_spec_json,
     )
+    from resumeq.producer.async_client import AsyncClient
+    from resumeq.producer.client import Client, Delta, Job
     from resumeq.store import DEFAULT_QUEUE, ReapResult, Store
 
-__version__ = "0.1.0"
+from resumeq.core.version import __version__ as __version__
 
 #: Where each name of the surface that is not an exception lives. Each module loads on the
 #: first use of one of its names (PEP 562): ``import resumeq`` stays cheap, and a command
 #: line, a worker or a janitor imports only what it uses — pydantic's models, redis-py and
 #: RQ cost a command line several tenths of a second of CPU, and a worker their memory.
 _LAZY_MODULES = {
-    "resumeq.async_client": ("AsyncClient",),
-    "resumeq.client": ("Client", "Delta", "Job"),
-    "resumeq.models": (
+    "resumeq.producer.async_client": ("AsyncClient",),
+    "resumeq.producer.client": ("Client", "Delta", "Job"),
+    "resumeq.core.models": (
         "TERMINAL_STATES",
         "Acquired",
         "CreateResult",
@@ -95,7 +95,7 @@ _LAZY_MODULES = {
         "JobState",
         "Lease",
     ),
-    "resumeq.settings": (
+    "resumeq.core.settings": (
         "ConfigFile",
         "JanitorSettings",
         "Prices",
@@ -105,7 +105,7 @@ _LAZY_MODULES = {
         "WorkerSettings",
         "load_settings",
     ),
-    "resumeq.spec": (
+    "resumeq.core.spec": (
         "ExitPolicy",
         "GenerationParams",
         "JobSpec",

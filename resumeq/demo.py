@@ -21,9 +21,9 @@ from typing import Any
 
 import fakeredis
 
-from resumeq.client import Client
+from resumeq.core.models import holder_pid
 from resumeq.fake import FakeProvider, count_tokens
-from resumeq.models import holder_pid
+from resumeq.producer.client import Client
 from resumeq.testing import free_port
 from resumeq.testing.processes import Cluster, Proc, descendants, wait_for, write_config
 

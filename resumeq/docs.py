@@ -1,4 +1,4 @@
-"""The job spec reference, ``docs/jobspec.md``, written from :class:`~resumeq.spec.JobSpec`.
+"""The job spec reference, ``docs/jobspec.md``, written from :class:`~resumeq.core.spec.JobSpec`.
 
 Every field of the spec and of the models it nests — its JSON type, its default, the bounds
 and enums its annotation carries, the rules its validators apply and its description —
@@ -24,8 +24,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from resumeq import spec, spec_rules
-from resumeq.keys import IDEMPOTENCY_KEY_RE
+from resumeq.core import spec, spec_rules
+from resumeq.core.names import IDEMPOTENCY_KEY_RE
 
 __all__ = ["EXAMPLE", "jobspec_reference"]
 
@@ -265,7 +265,7 @@ def jobspec_reference() -> str:
         "# The job spec",
         "",
         "<!-- Written by `python -m resumeq.docs > docs/jobspec.md` (`make docs`) from the",
-        "     model, resumeq.spec.JobSpec: edit the model, not this page. -->",
+        "     model, resumeq.core.spec.JobSpec: edit the model, not this page. -->",
         "",
         "What a producer submits: `Client.enqueue(spec)`, `POST /v1/jobs` (a JSON body), or",
         "`resumeq enqueue`'s options ([operations](operations.md#enqueue-and-watch)). A spec",

@@ -82,7 +82,7 @@ def _ended(pid: int) -> bool:
 @pytest.fixture(scope="session", autouse=True)
 def a_cache_of_its_own(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The command line keeps config digests in the user's cache directory
-    (:mod:`resumeq.config_digest`): the suite's go to a directory of its own, which every
+    (:mod:`resumeq.core.config_digest`): the suite's go to a directory of its own, which every
     process it starts inherits, and nothing is left in the user's."""
     before = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))

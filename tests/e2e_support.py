@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from resumeq.core.models import JobRecord
 from resumeq.fake import FakeProvider, count_tokens
-from resumeq.models import JobRecord
-from resumeq.producer import enqueue_job
+from resumeq.producer.enqueue import enqueue_job
 from resumeq.store import Store
 from resumeq.testing.processes import Cluster, wait_for, write_config
 

@@ -23,14 +23,14 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from worker_support import attempt_runner
 
-from resumeq import metrics, ops
-from resumeq.errors import InvalidTransition
+from resumeq.core.errors import InvalidTransition
+from resumeq.core.ledger import AttemptRecord
 from resumeq.fake import FakeProvider
-from resumeq.janitor import Janitor
-from resumeq.ledger import AttemptRecord
-from resumeq.store import Store
+from resumeq.janitor.sweep import Janitor
+from resumeq.producer import ops
+from resumeq.store import Store, metrics
 from resumeq.testing import RedisServer
-from resumeq.worker import AttemptRunner
+from resumeq.worker.attempt import AttemptRunner
 
 pytestmark = pytest.mark.timeout(240)
 

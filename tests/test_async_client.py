@@ -17,12 +17,12 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from resumeq import AsyncClient, keys
-from resumeq.client import Client, Delta, EventCursor, Job
-from resumeq.errors import InvalidSpec, JobNotFound, StoreError
-from resumeq.models import JobState
-from resumeq.queueing import attempt_rq_id, rq_queue
-from resumeq.store import Store
+from resumeq import AsyncClient
+from resumeq.core.errors import InvalidSpec, JobNotFound, StoreError
+from resumeq.core.models import JobState
+from resumeq.producer.client import Client, Delta, EventCursor, Job
+from resumeq.queue.queueing import attempt_rq_id, rq_queue
+from resumeq.store import Store, keys
 from resumeq.testing import RedisServer
 
 T = TypeVar("T")

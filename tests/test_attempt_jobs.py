@@ -16,9 +16,9 @@ from rq.job import Job, JobStatus
 from rq.scripts import _build_hset_args
 from rq.serializers import JSONSerializer
 
-from resumeq import attempt_jobs, queueing
-from resumeq.attempt_jobs import DueAttempt, attempt_rq_id, enqueue_attempt
-from resumeq.queueing import rq_queue
+from resumeq.queue import attempt_jobs, queueing
+from resumeq.queue.attempt_jobs import DueAttempt, attempt_rq_id, enqueue_attempt
+from resumeq.queue.queueing import rq_queue
 
 JOB = "0123456789abcdef0123456789abcdef"
 

@@ -12,11 +12,10 @@ import pytest
 import redis
 from worker_support import attempt_runner, run_to_rest
 
-from resumeq import keys
-from resumeq.calibration import Calibration, Sample, pieces
-from resumeq.calibrations import Calibrations
+from resumeq.core.calibration import Calibration, Sample, pieces
 from resumeq.fake import FakeProvider
-from resumeq.store import Store
+from resumeq.store import Store, keys
+from resumeq.store.calibrations import Calibrations
 from resumeq.testing import RedisServer
 
 
@@ -80,7 +79,7 @@ def test_samples_are_kept_per_profile_and_model_bounded(
     assert redis_client.llen(key) == 64 and 0 < redis_client.ttl(key) <= 30 * 86400
     assert book.calibration("p", "m", margin=1.25) is not None
     assert book.calibration("p", "other-model", margin=1.25) is None
-    monkeypatch.setattr("resumeq.calibrations.MAX_PAIRS", 3)
+    monkeypatch.setattr("resumeq.store.calibrations.MAX_PAIRS", 3)
     for n in range(5):
         book.record("p", f"model-{n}", Sample(900, 200, 210, 220))
     assert redis_client.zcard(keys.CALIBRATIONS) == 3
@@ -92,7 +91,7 @@ def test_a_corrupt_stored_sample_falls_back_with_one_warning(
 ) -> None:
     book.record("p", "m", Sample(900, 200, 210, 220))
     redis_client.lpush(keys.calibration("p", "m"), "not a sample")
-    with caplog.at_level(logging.WARNING, logger="resumeq.calibrations"):
+    with caplog.at_level(logging.WARNING, logger="resumeq.store.calibrations"):
         assert book.calibration("p", "m", margin=1.25) is None
         assert book.calibration("p", "m", margin=1.25) is None
     said = [r for r in caplog.records if "corrupt" in r.getMessage()]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from resumeq.capabilities import is_refusal, refused, server_version, warning
+from resumeq.store.capabilities import is_refusal, refused, server_version, warning
 from resumeq.testing import RedisServer
 
 

@@ -8,11 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resumeq import keys
-from resumeq.checkpoint import Checkpointer
-from resumeq.errors import LeaseLost, RedisUnavailable
-from resumeq.models import Acquired, FlushResult, Lease
-from resumeq.store import Store
+from resumeq.core.errors import LeaseLost, RedisUnavailable
+from resumeq.core.models import Acquired, FlushResult, Lease
+from resumeq.store import Store, keys
+from resumeq.worker.checkpoint import Checkpointer
 
 SPEC = {"prompt": "p", "provider": "local", "model": "m", "budget_tokens": 1000}
 

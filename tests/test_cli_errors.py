@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from resumeq.ledger import AttemptRecord
+from resumeq.core.ledger import AttemptRecord
 from resumeq.store import Store
 from resumeq.testing import RedisServer, free_port
 

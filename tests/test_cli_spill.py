@@ -12,8 +12,7 @@ import redis
 from rq import Worker
 from test_cli import run
 
-from resumeq import audit, keys
-from resumeq.store import Store
+from resumeq.store import Store, audit, keys
 from resumeq.testing import RedisServer
 
 CONVERSATION = [

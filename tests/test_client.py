@@ -10,13 +10,13 @@ import pytest
 import redis
 from rq.job import JobStatus
 
-from resumeq import keys, outbox
-from resumeq.client import Client, Delta
-from resumeq.errors import InvalidSpec, JobNotFound
-from resumeq.models import JobState
-from resumeq.producer import purge_job
-from resumeq.queueing import attempt_rq_id, rq_queue
-from resumeq.store import SPILL_QUEUE
+from resumeq.core.errors import InvalidSpec, JobNotFound
+from resumeq.core.models import JobState
+from resumeq.producer.client import Client, Delta
+from resumeq.producer.enqueue import purge_job
+from resumeq.queue import outbox
+from resumeq.queue.queueing import attempt_rq_id, rq_queue
+from resumeq.store import SPILL_QUEUE, keys
 
 SPEC = {"prompt": "Follow me.", "provider": "local", "model": "m", "budget_tokens": 500}
 

@@ -19,25 +19,30 @@ import redis
 from rq.registry import ScheduledJobRegistry
 from worker_support import attempt_runner, run_to_rest
 
-from resumeq import keys
-from resumeq.client import Client
-from resumeq.context import build_context
-from resumeq.continuation import plan_request
-from resumeq.errors import JobNotFound, MalformedChunk, RedisUnavailable
-from resumeq.janitor import Janitor
-from resumeq.models import JobState
+from resumeq.core.continuation import plan_request
+from resumeq.core.errors import JobNotFound, MalformedChunk, RedisUnavailable
+from resumeq.core.models import JobState
+from resumeq.core.settings import (
+    ConfigFile,
+    ProviderProfile,
+    Settings,
+    StoreSettings,
+    WorkerSettings,
+)
+from resumeq.core.spec import parse_spec
+from resumeq.janitor.sweep import Janitor
+from resumeq.producer.client import Client
 from resumeq.providers import TextDelta, make_client
-from resumeq.queueing import (
+from resumeq.queue.queueing import (
     attempt_pending,
     attempt_rq_id,
     enqueue_attempt,
     enqueue_overdue,
     rq_queue,
 )
-from resumeq.settings import ConfigFile, ProviderProfile, Settings, StoreSettings, WorkerSettings
-from resumeq.spec import parse_spec
-from resumeq.store import Store, redis_errors
+from resumeq.store import Store, keys, redis_errors
 from resumeq.testing import RedisServer
+from resumeq.worker.context import build_context
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -157,7 +162,7 @@ def test_a_half_moved_scheduled_attempt_is_repaired(
     assert attempt_pending(real_store.redis, job_id, 1)
     real_store.redis.zrem(keys.DUE, attempt_rq_id(job_id, 1))
     assert not attempt_pending(real_store.redis, job_id, 1)
-    monkeypatch.setattr("resumeq.janitor.VANISHED_GRACE_MS", 0)
+    monkeypatch.setattr("resumeq.janitor.sweep.VANISHED_GRACE_MS", 0)
     settings = Settings(redis_url=redis_server.url, file=ConfigFile(worker=WorkerSettings()))
     ctx = build_context(settings)
     try:

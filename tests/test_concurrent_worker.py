@@ -17,12 +17,12 @@ import pytest
 from e2e_support import TERMINAL, World, make_world
 from rq.registry import StartedJobRegistry
 
-from resumeq import heap, keys
 from resumeq.fake import FakeProvider
-from resumeq.queueing import attempt_rq_id, rq_queue
-from resumeq.store import Store
+from resumeq.queue.queueing import attempt_rq_id, rq_queue
+from resumeq.store import Store, keys
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Proc, descendants, wait_for
+from resumeq.worker import heap
 
 # CPU-bound (50 streams a process, bounds on what a busy process leaves unread): never
 # beside another such test (``--dist loadgroup`` runs a group on one worker).
@@ -290,7 +290,7 @@ def test_concurrency_must_be_positive(world: World) -> None:
 def test_a_worker_started_as_a_user_starts_it_runs_without_thread_caches(
     world: World, tmp_path: Path
 ) -> None:
-    """The console script starts itself again with glibc's thread caches off (resumeq.heap),
+    """The console script starts itself again with glibc's thread caches off (resumeq.worker.heap),
     under the PID its supervisor knows: the job runs there and a SIGTERM to that PID stops
     it cleanly."""
     env = {k: v for k, v in world.cluster.env.items() if k not in ("GLIBC_TUNABLES", heap._MARK)}

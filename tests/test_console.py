@@ -20,9 +20,8 @@ import pytest
 from browser_support import StaticSite, chromium, shot
 from serve_support import console_up
 
-from resumeq import keys
 from resumeq.fake import FakeProvider
-from resumeq.store import Store
+from resumeq.store import Store, keys
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, wait_for, write_config
 from resumeq.testing.redis_server import free_port

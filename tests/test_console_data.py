@@ -7,11 +7,10 @@ import hashlib
 import time
 from typing import Any
 
-from resumeq import audit, keys
+from resumeq.core.settings import ServerToken
 from resumeq.server.auth import LOCAL, Principal, Tokens
 from resumeq.server.console import data, session
-from resumeq.settings import ServerToken
-from resumeq.store import Store
+from resumeq.store import Store, audit, keys
 
 
 def spec(n: int, **over: Any) -> dict[str, Any]:

@@ -22,8 +22,8 @@ import pytest
 import redis
 from e2e_support import World, make_world
 
+from resumeq.core.identity import pid_of
 from resumeq.fake import FakeProvider
-from resumeq.identity import pid_of
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Proc, wait_for

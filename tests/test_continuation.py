@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from resumeq.continuation import PARTIAL_CLOSE, PARTIAL_OPEN, plan_request, tail_pieces
+from resumeq.core.continuation import PARTIAL_CLOSE, PARTIAL_OPEN, plan_request, tail_pieces
+from resumeq.core.settings import ProviderProfile
+from resumeq.core.spec import parse_spec
 from resumeq.providers import parse_retry_after
-from resumeq.settings import ProviderProfile
-from resumeq.spec import parse_spec
 
 SPEC = parse_spec(
     {

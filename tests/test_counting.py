@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resumeq.counting import END_ALLOWANCE, Tally, estimate, let_go, refusal, settle
+from resumeq.core.counting import END_ALLOWANCE, Tally, estimate, let_go, refusal, settle
 
 LOREM = "lorem ipsum dolor "  # ~5 tokens a delta, as Claude sends them
 

@@ -26,9 +26,9 @@ from worker_support import attempt_runner, run_to_rest
 
 from resumeq import docs
 from resumeq.cli import cli
-from resumeq.client import Client
+from resumeq.core.settings import ConfigFile, ServerSettings, ServerToken
 from resumeq.fake import FakeProvider
-from resumeq.settings import ConfigFile, ServerSettings, ServerToken
+from resumeq.producer.client import Client
 from resumeq.testing import RedisServer
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,13 +11,13 @@ import pytest
 import redis
 from rq.job import Job, JobStatus
 
-from resumeq import due, keys
-from resumeq.context import WorkerContext, build_context
-from resumeq.janitor import Janitor
-from resumeq.queueing import attempt_pending, attempt_rq_id, enqueue_attempt, rq_queue
-from resumeq.settings import ConfigFile, Settings, WorkerSettings
-from resumeq.store import SPILL_QUEUE
+from resumeq.core.settings import ConfigFile, Settings, WorkerSettings
+from resumeq.janitor.sweep import Janitor
+from resumeq.queue import due
+from resumeq.queue.queueing import attempt_pending, attempt_rq_id, enqueue_attempt, rq_queue
+from resumeq.store import SPILL_QUEUE, keys
 from resumeq.testing import RedisServer
+from resumeq.worker.context import WorkerContext, build_context
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,15 +15,14 @@ from typing import Any
 import pytest
 import redis
 
-from resumeq import keys
-from resumeq.checkpoint import Checkpointer
-from resumeq.client import Client, EventCursor
-from resumeq.errors import ConfigError, LeaseLost, ReplicaLagging, StaleRevision
-from resumeq.models import Acquired
-from resumeq.settings import StoreSettings, load_settings
-from resumeq.store import Store, decode
+from resumeq.core.errors import ConfigError, LeaseLost, ReplicaLagging, StaleRevision
+from resumeq.core.models import Acquired
+from resumeq.core.settings import StoreSettings, load_settings
+from resumeq.producer.client import Client, EventCursor
+from resumeq.store import Store, decode, keys
 from resumeq.testing import RedisServer
 from resumeq.testing.sentinel import FAST_SYNC, wait_replicated
+from resumeq.worker.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,9 +18,8 @@ from collections.abc import Iterator
 import pytest
 from e2e_support import World, make_world, tokens
 
-from resumeq import keys
 from resumeq.fake import FakeProvider
-from resumeq.store import Store
+from resumeq.store import Store, keys
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import wait_for
 

@@ -15,7 +15,7 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from resumeq.fake import FakeProvider
-from resumeq.queueing import attempt_rq_id
+from resumeq.queue.queueing import attempt_rq_id
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import wait_for

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from e2e_support import World, make_world, tokens
 
-from resumeq.client import Client, Delta
 from resumeq.fake import FakeProvider
-from resumeq.hooks import enqueue_hooks
-from resumeq.queueing import hook_rq_id
+from resumeq.producer.client import Client, Delta
+from resumeq.queue.outbox_hooks import enqueue_hooks
+from resumeq.queue.queueing import hook_rq_id
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import wait_for
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(90)
 HOOKS = """
 import os
 import redis
-from resumeq.hooks import HookCall, hook
+from resumeq.worker.hooks import HookCall, hook
 
 
 @hook("record")

@@ -13,8 +13,8 @@ import httpx
 import pytest
 from e2e_support import World, background_exchanges, make_world
 
+from resumeq.core.ledger import AttemptRecord
 from resumeq.fake import FakeProvider
-from resumeq.ledger import AttemptRecord
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import wait_for

@@ -11,14 +11,15 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from resumeq import AsyncClient, keys, ops
-from resumeq.client import Client, EventCursor
-from resumeq.context import build_context
-from resumeq.errors import StoreError
-from resumeq.janitor import Janitor
-from resumeq.settings import ConfigFile, Settings, StoreSettings
-from resumeq.store import PACKED_TEXT, Store, decode_text, pack_text
+from resumeq import AsyncClient
+from resumeq.core.errors import StoreError
+from resumeq.core.settings import ConfigFile, Settings, StoreSettings
+from resumeq.janitor.sweep import Janitor
+from resumeq.producer import ops
+from resumeq.producer.client import Client, EventCursor
+from resumeq.store import PACKED_TEXT, Store, decode_text, keys, pack_text
 from resumeq.testing import RedisServer
+from resumeq.worker.context import build_context
 
 SPEC = {"prompt": "Trim me.", "provider": "local", "model": "m", "budget_tokens": 500}
 #: Two attempts (a cut between), multi-byte text, a piece that is one emoji.

@@ -17,13 +17,12 @@ from typing import Any
 import pytest
 from e2e_support import World, make_world, tokens
 
-from resumeq import keys
-from resumeq.client import Client
-from resumeq.connection import connect
-from resumeq.errors import RedisUnavailable
+from resumeq.core.errors import RedisUnavailable
+from resumeq.core.settings import StoreSettings
 from resumeq.fake import FakeProvider
-from resumeq.settings import StoreSettings
-from resumeq.store import Store, decode
+from resumeq.producer.client import Client
+from resumeq.store import Store, decode, keys
+from resumeq.store.connection import connect
 from resumeq.testing.processes import wait_for
 from resumeq.testing.sentinel import SentinelDeployment
 

@@ -13,14 +13,14 @@ import openai
 import pytest
 from worker_support import attempt_runner, run_to_rest
 
-from resumeq.continuation import ChatMessage, RequestPlan
-from resumeq.errors import FatalProviderError, InBandError, MalformedChunk, Truncated
+from resumeq.core.continuation import ChatMessage, RequestPlan
+from resumeq.core.errors import FatalProviderError, InBandError, MalformedChunk, Truncated
+from resumeq.core.settings import ProviderProfile
+from resumeq.core.spec import GenerationParams
 from resumeq.fake import FakeProvider
 from resumeq.providers import make_client
 from resumeq.providers.base import OutputDelta, TextDelta, Usage
 from resumeq.providers.openai_responses import ResponsesStream
-from resumeq.settings import ProviderProfile
-from resumeq.spec import GenerationParams
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 

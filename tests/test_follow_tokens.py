@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from resumeq.errors import ConfigError
+from resumeq.core.errors import ConfigError
+from resumeq.core.settings import ServerSettings
 from resumeq.server.follow import FollowTokens, TokenRefused
-from resumeq.settings import ServerSettings
 
 OLD, NEW = b"o" * 40, b"n" * 40
 

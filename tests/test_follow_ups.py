@@ -16,18 +16,19 @@ import pytest
 import redis
 from rq.job import JobStatus
 
-from resumeq import due, failpoints, keys
-from resumeq.checkpoint import Checkpointer
-from resumeq.context import WorkerContext, build_context, set_context
-from resumeq.exits import apply_decision
-from resumeq.gate import Decision
-from resumeq.hooks import HookCall, hook, run_hook
-from resumeq.janitor import Janitor
-from resumeq.models import Acquired
-from resumeq.queueing import attempt_rq_id, fetch_attempt, hook_rq_id, rq_queue
-from resumeq.settings import ConfigFile, Settings, WorkerSettings
-from resumeq.store import SPILL_QUEUE
+from resumeq.core import failpoints
+from resumeq.core.gate import Decision
+from resumeq.core.models import Acquired
+from resumeq.core.settings import ConfigFile, Settings, WorkerSettings
+from resumeq.janitor.sweep import Janitor
+from resumeq.queue import due
+from resumeq.queue.queueing import attempt_rq_id, fetch_attempt, hook_rq_id, rq_queue
+from resumeq.store import SPILL_QUEUE, keys
 from resumeq.testing import RedisServer
+from resumeq.worker.checkpoint import Checkpointer
+from resumeq.worker.context import WorkerContext, build_context, set_context
+from resumeq.worker.exits import apply_decision
+from resumeq.worker.hooks import HookCall, hook, run_hook
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -67,7 +68,7 @@ def hooks_here(ctx: WorkerContext) -> Iterator[None]:
 
 @pytest.fixture
 def janitor(ctx: WorkerContext, monkeypatch: pytest.MonkeyPatch) -> Janitor:
-    monkeypatch.setattr("resumeq.outbox.JANITOR_GRACE_MS", 0)
+    monkeypatch.setattr("resumeq.queue.outbox.JANITOR_GRACE_MS", 0)
     return Janitor(ctx)
 
 
@@ -135,7 +136,7 @@ def test_a_hook_whose_worker_died_while_it_ran_runs_again(
     rq_job.save()
     assert janitor.sweep().followed_up == []  # its lease still holds: in progress
     time.sleep(0.5)
-    monkeypatch.setattr("resumeq.outbox_hooks.STARTED_GRACE_S", 5)
+    monkeypatch.setattr("resumeq.queue.outbox_hooks.STARTED_GRACE_S", 5)
     assert janitor.sweep().followed_up == [job_id]  # lease lapsed, started long ago: died
     assert queue.get_job_ids() == [hook_rq_id(job_id, "notify")]
     assert ctx.store.outbox(job_id) == {"hook:notify": "resumeq|1"}

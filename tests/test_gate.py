@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resumeq.gate import (
+from resumeq.core.gate import (
     BACKOFF_CAP_S,
     MIN_ATTEMPT_GAP_S,
     RETRY_AFTER_CAP_S,
@@ -17,7 +17,7 @@ from resumeq.gate import (
     backoff_s,
     decide,
 )
-from resumeq.spec import ExitPolicy
+from resumeq.core.spec import ExitPolicy
 
 
 def job(**over: Any) -> JobView:

@@ -1,4 +1,4 @@
-"""The worker's heap (resumeq.heap): glibc's thread caches off by a re-exec under the same
+"""The worker's heap (resumeq.worker.heap): glibc's thread caches off by a re-exec under the same
 PID, freed arena pages handed back, and when the concurrent worker hands them back."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 
-from resumeq import heap
-from resumeq.concurrent import TRIM_EVERY_S, TRIM_MIN_GAP_S, TRIM_QUIET_S, trim_due
+from resumeq.worker import heap
+from resumeq.worker.concurrent import TRIM_EVERY_S, TRIM_MIN_GAP_S, TRIM_QUIET_S, trim_due
 
 glibc_only = pytest.mark.skipif(
     not hasattr(os, "confstr") or os.confstr("CS_GNU_LIBC_VERSION") is None,
@@ -22,7 +22,7 @@ glibc_only = pytest.mark.skipif(
 REEXEC = textwrap.dedent(
     """
     import json, os, sys
-    from resumeq import heap
+    from resumeq.worker import heap
     if sys.argv[1] == "entry":
         heap.mark_entry_point()
     first = os.environ.get("RESUMEQ_HEAP_REEXEC") is None
@@ -85,7 +85,7 @@ def test_free_pages_inside_the_arenas_are_handed_back() -> None:
     script = textwrap.dedent(
         """
         import json, threading
-        from resumeq import heap
+        from resumeq.worker import heap
         def rss_mb():
             for line in open("/proc/self/status"):
                 if line.startswith("VmRSS"):

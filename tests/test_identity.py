@@ -7,9 +7,9 @@ import re
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resumeq import keys
-from resumeq.identity import HOST_CHARS, pid_of, process_name, readable_host
-from resumeq.models import holder_pid
+from resumeq.core import names
+from resumeq.core.identity import HOST_CHARS, pid_of, process_name, readable_host
+from resumeq.core.models import holder_pid
 
 SAFE = re.compile(r"^[A-Za-z0-9_.~-]+$")
 
@@ -35,7 +35,7 @@ def test_any_hostname_makes_a_name_fit_for_rq_connections_and_lease_tokens(
 ) -> None:
     name = process_name(hostname, pid)
     assert SAFE.match(name) and ":" not in name
-    assert keys.worker_client_name(name).endswith(name)
+    assert names.worker_client_name(name).endswith(name)
     assert pid_of(name) == pid
     assert holder_pid(f"3:{name}:nonce") == pid
     assert len(name) <= HOST_CHARS + 1 + 7 + 1 + 8

@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 
-from resumeq import keys
-from resumeq.checkpoint import Checkpointer, IdleFlusher
-from resumeq.errors import JobCancelled, LeaseLost, RedisUnavailable, WriteRefused
-from resumeq.models import Acquired, FlushResult, Lease
-from resumeq.store import Store
+from resumeq.core.errors import JobCancelled, LeaseLost, RedisUnavailable, WriteRefused
+from resumeq.core.models import Acquired, FlushResult, Lease
+from resumeq.store import Store, keys
 from resumeq.testing.processes import wait_for
+from resumeq.worker.checkpoint import Checkpointer, IdleFlusher
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -34,11 +34,11 @@ RESUMEQ = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "resume
 #: What a command that reads or writes Redis never needs (without a config file: one is
 #: validated by the settings models).
 NEVER = ("httpx", "httpcore", "starlette", "jinja2", "uvicorn", "resumeq.server",
-         "resumeq.fake", "resumeq.context", "resumeq.providers", "resumeq.worker",
-         "resumeq.docs", "pydantic", "resumeq.spec", "resumeq.settings",
-         "resumeq.ledger")  # fmt: skip
+         "resumeq.fake", "resumeq.worker.context", "resumeq.providers", "resumeq.worker.attempt",
+         "resumeq.docs", "pydantic", "resumeq.core.spec", "resumeq.core.settings",
+         "resumeq.core.ledger")  # fmt: skip
 #: What ``--version`` and ``--help`` never need, besides.
-NOT_TO_START = (*NEVER, "redis", "rq", "pydantic", "resumeq.store", "resumeq.settings")
+NOT_TO_START = (*NEVER, "redis", "rq", "pydantic", "resumeq.store.facade", "resumeq.core.settings")
 
 _IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)\s*$")
 
@@ -163,7 +163,7 @@ def test_commands_on_redis_load_no_model_rq_http_client_server_or_fake(
     )
     assert out.returncode == (3 if job == "gone" and command != "enqueue" else 0), out.stderr
     names = imported(out.stderr)
-    assert "redis" in names and "resumeq.store" in names
+    assert "redis" in names and "resumeq.store.scripts" in names  # the store loaded
     assert loads(names, (*NEVER, "rq")) == []
     if job == "queued" and command == "cancel":
         assert real_store.get(queued).state.value == "cancelled"
@@ -223,8 +223,8 @@ def test_a_config_file_is_validated_once_per_content_then_read_without_the_model
     env = {**environment(redis_server.url), "XDG_CACHE_HOME": str(tmp_path / "cache")}
     status = [*RESUMEQ, "--config", str(config), "status", shown, "--json"]
     first, second = loaded(status, env), loaded(status, env)
-    assert "pydantic" in first and "resumeq.settings" in first  # validated
-    assert loads(second, ("pydantic", "resumeq.settings", "rq")) == []  # the digest
+    assert "pydantic" in first and "resumeq.core.settings" in first  # validated
+    assert loads(second, ("pydantic", "resumeq.core.settings", "rq")) == []  # the digest
     assert len(list((tmp_path / "cache" / "resumeq").glob("config-*.json"))) == 1
     # The digest holds what the models made of the file: [limits] still bounds a job.
     enqueue = [*RESUMEQ, "--config", str(config), "enqueue", "--provider", "p", "--model",
@@ -250,7 +250,7 @@ def test_a_config_file_is_validated_once_per_content_then_read_without_the_model
 
 
 def _enqueued(store: Store, spec: dict[str, object]) -> str:
-    from resumeq.producer import enqueue_job  # noqa: PLC0415
+    from resumeq.producer.enqueue import enqueue_job  # noqa: PLC0415
 
     return enqueue_job(store, store.redis, spec).id
 
@@ -272,8 +272,8 @@ def test_an_idle_worker_loads_no_server_console_fake_or_openapi(
     finally:
         proc.stop()
     names = imported(proc.output())
-    assert "resumeq.concurrent" in names  # the measure saw the worker's own imports
+    assert "resumeq.worker.concurrent" in names  # the measure saw the worker's own imports
     forbidden = ("starlette", "jinja2", "uvicorn", "resumeq.server", "resumeq.fake",
                  "resumeq.testing", "schemathesis", "resumeq.docs")  # fmt: skip
     assert loads(names, forbidden) == []
-    assert {"resumeq.worker", "resumeq.providers", "httpx"} <= names  # ready for an attempt
+    assert {"resumeq.worker.attempt", "resumeq.providers", "httpx"} <= names  # ready for an attempt

@@ -12,15 +12,14 @@ import pytest
 import redis
 from rq.job import JobStatus
 
-from resumeq import keys
-from resumeq.context import build_context
-from resumeq.janitor import Janitor
-from resumeq.models import JobState
-from resumeq.producer import enqueue_job
-from resumeq.queueing import attempt_pending, attempt_rq_id, rq_queue
-from resumeq.settings import ConfigFile, Settings, WorkerSettings
-from resumeq.store import Store
+from resumeq.core.models import JobState
+from resumeq.core.settings import ConfigFile, Settings, WorkerSettings
+from resumeq.janitor.sweep import Janitor
+from resumeq.producer.enqueue import enqueue_job
+from resumeq.queue.queueing import attempt_pending, attempt_rq_id, rq_queue
+from resumeq.store import Store, keys
 from resumeq.testing import RedisServer
+from resumeq.worker.context import build_context
 
 SPEC = {"prompt": "p", "provider": "local", "model": "m", "budget_tokens": 500}
 
@@ -77,7 +76,7 @@ def test_a_job_whose_producer_died_after_writing_it_is_enqueued(
     store = janitor.store
     job_id = store.create(SPEC).id  # written, but its RQ job never was
     assert janitor.sweep().followed_up == []  # the producer's own moment first
-    monkeypatch.setattr("resumeq.outbox.JANITOR_GRACE_MS", 0)
+    monkeypatch.setattr("resumeq.queue.outbox.JANITOR_GRACE_MS", 0)
     report = janitor.sweep()
     assert report.followed_up == [job_id] and report.requeued == []
     assert rq_queue("resumeq", store.redis).fetch_job(attempt_rq_id(job_id, 1)) is not None
@@ -91,7 +90,7 @@ def test_a_queued_job_whose_rq_job_vanished_is_enqueued_again(
     store = janitor.store
     job_id = enqueue_job(store, store.redis, SPEC).id
     rq_queue("resumeq", store.redis).fetch_job(attempt_rq_id(job_id, 1)).delete()  # type: ignore[union-attr]
-    monkeypatch.setattr("resumeq.janitor.VANISHED_GRACE_MS", 0)
+    monkeypatch.setattr("resumeq.janitor.sweep.VANISHED_GRACE_MS", 0)
     report = janitor.sweep()
     assert report.requeued == [job_id]
     assert rq_queue("resumeq", store.redis).fetch_job(attempt_rq_id(job_id, 1)) is not None
@@ -127,7 +126,7 @@ def test_a_half_deleted_job_leaves_the_indexes(
     store = janitor.store
     job_id = store.create(SPEC).id
     store.redis.delete(keys.job(job_id))
-    monkeypatch.setattr("resumeq.janitor.VANISHED_GRACE_MS", 0)
+    monkeypatch.setattr("resumeq.janitor.sweep.VANISHED_GRACE_MS", 0)
     janitor.sweep()
     assert store.redis.zscore(keys.QUEUED, job_id) is None
 
@@ -139,7 +138,7 @@ def test_an_attempt_dequeued_by_a_dead_worker_is_enqueued_again(
     job_id = enqueue_job(store, store.redis, SPEC).id
     queue = rq_queue("resumeq", store.redis)
     assert store.redis.lpop(queue.key) == attempt_rq_id(job_id, 1).encode()  # then it died
-    monkeypatch.setattr("resumeq.janitor.VANISHED_GRACE_MS", 0)
+    monkeypatch.setattr("resumeq.janitor.sweep.VANISHED_GRACE_MS", 0)
     assert janitor.sweep().requeued == [job_id]
     assert queue.get_job_ids() == [attempt_rq_id(job_id, 1)]
     assert janitor.sweep().requeued == []
@@ -157,7 +156,7 @@ def test_an_attempt_started_by_a_horse_that_died_before_its_lease_is_enqueued_ag
     rq_job.set_status(JobStatus.STARTED)
     rq_job.started_at = datetime.now(UTC) - timedelta(seconds=2)
     rq_job.save()
-    monkeypatch.setattr("resumeq.janitor.VANISHED_GRACE_MS", 0)
+    monkeypatch.setattr("resumeq.janitor.sweep.VANISHED_GRACE_MS", 0)
     assert janitor.sweep().requeued == []  # just started: it may still take its lease
     rq_job.started_at = datetime.now(UTC) - timedelta(seconds=30)
     rq_job.save()
@@ -210,7 +209,7 @@ def test_with_redis_down_each_sweep_logs_one_line_and_the_pause_doubles_to_a_cap
     sweeper = Janitor(build_context(settings))
     waits = Waits(7, {3: server.start, 4: server.stop})
     try:
-        with caplog.at_level(logging.INFO, logger="resumeq.janitor"):
+        with caplog.at_level(logging.INFO, logger="resumeq.janitor.sweep"):
             sweeper.run(interval_s=0.5, stop=waits, max_backoff_s=3.0)
     finally:
         server.close()

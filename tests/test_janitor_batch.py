@@ -23,15 +23,16 @@ from rq.job import Job, JobStatus
 from rq.registry import CanceledJobRegistry, FailedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
-from resumeq import failpoints, keys, outbox
-from resumeq.context import WorkerContext, build_context
-from resumeq.errors import CorruptRecord, LeaseLost
-from resumeq.gate import Cut, Decision, JobView
-from resumeq.gate import decide as janitor_decide
-from resumeq.janitor import Janitor
-from resumeq.models import Acquired, JobState
-from resumeq.producer import enqueue_job
-from resumeq.queueing import (
+from resumeq.core import failpoints
+from resumeq.core.errors import CorruptRecord, LeaseLost
+from resumeq.core.gate import Cut, Decision, JobView
+from resumeq.core.gate import decide as janitor_decide
+from resumeq.core.models import Acquired, JobState
+from resumeq.core.settings import ConfigFile, JanitorSettings, Settings
+from resumeq.janitor.sweep import Janitor
+from resumeq.producer.enqueue import enqueue_job
+from resumeq.queue import outbox
+from resumeq.queue.queueing import (
     DueAttempt,
     attempt_rq_id,
     enqueue_attempt,
@@ -39,9 +40,9 @@ from resumeq.queueing import (
     fetch_attempt,
     rq_queue,
 )
-from resumeq.settings import ConfigFile, JanitorSettings, Settings
-from resumeq.store import SPILL_QUEUE, Store
+from resumeq.store import SPILL_QUEUE, Store, keys
 from resumeq.testing import RedisServer
+from resumeq.worker.context import WorkerContext, build_context
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -248,7 +249,7 @@ def test_a_corrupt_record_among_500_is_failed_and_the_other_499_handed_on(
     bad = ids[123]
     ctx.redis.hset(keys.job(bad), "revision", "many")
     dead.die()
-    with caplog.at_level(logging.WARNING, logger="resumeq.janitor"):
+    with caplog.at_level(logging.WARNING, logger="resumeq.janitor.sweep"):
         report = Janitor(ctx).sweep()
     good = [job_id for job_id in ids if job_id != bad]
     assert sorted(report.reaped) == sorted(ids) and report.outcomes[bad] == "failed"
@@ -281,7 +282,7 @@ def test_a_job_whose_step_fails_is_logged_and_the_batch_goes_on(
 
     monkeypatch.setattr(Janitor, "_decision", failing)
     dead.die()
-    with caplog.at_level(logging.WARNING, logger="resumeq.janitor"):
+    with caplog.at_level(logging.WARNING, logger="resumeq.janitor.sweep"):
         report = Janitor(ctx).sweep()
     assert report.errors == 1 and sorted(report.reaped) == sorted(set(ids) - {unlucky})
     assert any(unlucky in r.getMessage() and r.exc_info for r in caplog.records)
@@ -331,7 +332,7 @@ def test_every_exit_in_one_batch_as_the_gate_decides_for_each_job(
             return Decision(action="spill", reason="raced")
         return decide(view, cut)
 
-    monkeypatch.setattr("resumeq.janitor.decide", racing)
+    monkeypatch.setattr("resumeq.janitor.sweep.decide", racing)
     report = Janitor(ctx).sweep()
     assert report.errors == 0
     assert report.outcomes == {
@@ -443,7 +444,7 @@ def test_a_janitor_killed_after_committing_a_batch_leaves_outboxes_the_next_comp
     assert os.waitstatus_to_exitcode(status) == 137, "the janitor did not die at the failpoint"
     assert all(ctx.store.get(job_id).state is JobState.QUEUED for job_id in ids)
     assert rq_queue("resumeq", ctx.redis).get_job_ids() == []  # died before enqueueing
-    monkeypatch.setattr("resumeq.outbox.JANITOR_GRACE_MS", 0)
+    monkeypatch.setattr("resumeq.queue.outbox.JANITOR_GRACE_MS", 0)
     with round_trips(monkeypatch) as trips:
         report = Janitor(ctx).sweep()
     assert sorted(report.followed_up) == sorted(ids) and report.reaped == []

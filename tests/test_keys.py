@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from resumeq import keys
+from resumeq.store import keys
 
 
 def test_job_keys_share_one_hash_tag() -> None:

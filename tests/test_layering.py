@@ -1,5 +1,6 @@
 """The layering contracts of ``[tool.importlinter]`` (``lint-imports``, in ``make lint``)
-cover every module there is: a module added to resumeq is named in them, or this fails."""
+cover every module there is: a package or module added to resumeq is placed in the layers,
+or named apart, or this fails."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-#: The faces, and what only tools and tests run: the contracts name them apart.
-FACES = {"resumeq.cli", "resumeq.server"}
-APART = {"resumeq.fake", "resumeq.testing", "resumeq.demo", "resumeq.docs"}
+#: What only tools and tests run, and what is not Python: the contracts name them apart.
+APART = {"resumeq.fake", "resumeq.testing", "resumeq.demo"}
+#: Not imported by resumeq's own modules: the generator of docs/jobspec.md, ``python -m``.
+UNLAYERED = {"resumeq.docs"}
 
 
 def contracts() -> dict[str, dict[str, Any]]:
@@ -25,12 +27,29 @@ def top_level() -> set[str]:
     return modules | packages
 
 
-def test_every_module_below_the_faces_is_held_to_both_contracts() -> None:
-    below = top_level() - FACES - APART - {"resumeq.scripts"}  # the scripts are Lua
-    found = contracts()
-    assert set(found["faces-on-top"]["source_modules"]) == below
-    assert set(found["no-fake-in-product"]["source_modules"]) == below | FACES | {"resumeq.docs"}
-    assert set(found["no-fake-in-product"]["forbidden_modules"]) == {
-        "resumeq.fake",
-        "resumeq.testing",
-    }
+def layered() -> set[str]:
+    return {m.strip() for layer in contracts()["layers"]["layers"] for m in layer.split("|")}
+
+
+def test_every_product_package_has_its_layer() -> None:
+    assert layered() == top_level() - APART - UNLAYERED
+
+
+def test_product_code_never_imports_the_fake_or_the_harness() -> None:
+    found = contracts()["no-fake-in-product"]
+    assert set(found["source_modules"]) == layered() | UNLAYERED
+    assert set(found["forbidden_modules"]) == {"resumeq.fake", "resumeq.testing"}
+
+
+def test_the_core_is_the_bottom_layer_and_pure() -> None:
+    assert contracts()["layers"]["layers"][-1] == "resumeq.core"
+    forbidden = set(contracts()["core-is-pure"]["forbidden_modules"])
+    assert {"redis", "rq", "httpx", "threading", "asyncio"} <= forbidden
+
+
+def test_no_package_sits_in_the_old_flat_shape() -> None:
+    """The top level holds the packages by role, the public entry points and the two names
+    RQ and hook modules know (``resumeq.hooks``, ``resumeq.rq_worker``) — nothing else."""
+    package = ROOT / "resumeq"
+    flat = {p.stem for p in package.glob("*.py")} - {"__init__", "__main__"}
+    assert flat == {"demo", "docs", "hooks", "rq_worker"}

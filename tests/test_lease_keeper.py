@@ -10,11 +10,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from resumeq import keys
-from resumeq.errors import RedisUnavailable, StoreError
-from resumeq.heartbeat import LeaseKeeper
-from resumeq.models import Lease
-from resumeq.store import Store
+from resumeq.core.errors import RedisUnavailable, StoreError
+from resumeq.core.models import Lease
+from resumeq.store import Store, keys
+from resumeq.worker.heartbeat import LeaseKeeper
 
 SPEC = {"prompt": "hi", "provider": "p", "model": "m", "budget_tokens": 100}
 

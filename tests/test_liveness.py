@@ -16,17 +16,17 @@ import pytest
 import redis
 from e2e_support import World, make_world, tokens
 
-from resumeq import keys
+from resumeq.core import names
+from resumeq.core.liveness import Liveness
+from resumeq.core.models import lease_holder
 from resumeq.fake import FakeProvider
-from resumeq.liveness import Liveness
-from resumeq.models import lease_holder
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
-W = keys.worker_client_name
+W = names.worker_client_name
 
 
 def test_a_worker_is_a_suspect_after_two_misses_at_least_an_interval_apart() -> None:
@@ -151,7 +151,7 @@ def test_a_live_worker_whose_connections_are_reset_in_a_provider_pause_keeps_its
         name = lease_holder(world.store.get(ids[0]).lease_token)
         assert name is not None
         r = world.store.redis
-        mine = [c["id"] for c in r.client_list() if c.get("name") == keys.worker_client_name(name)]
+        mine = [c["id"] for c in r.client_list() if c.get("name") == names.worker_client_name(name)]
         assert mine  # its pool's, its beat's (the lease keeper's once it renewed)
         for cid in mine:
             r.client_kill_filter(_id=cid)
@@ -228,7 +228,7 @@ def test_a_connection_that_blips_loses_nothing_and_duplicates_nothing(world: Wor
     world.wait_spent(job_id, 100)
     r = world.store.redis
     for client in r.client_list(_type="normal"):
-        if keys.worker_of_client(str(client.get("name", ""))):
+        if names.worker_of_client(str(client.get("name", ""))):
             r.client_kill_filter(_id=client["id"])
     record = world.wait_state(job_id, {"done", "failed", "spilled", "abandoned"})
     text = world.store.text(job_id)

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from worker_support import attempt_runner, run_to_rest
 
-from resumeq.context import build_context
+from resumeq.core.settings import ConfigFile, Settings
 from resumeq.fake import FakeProvider, count_tokens
-from resumeq.janitor import Janitor
-from resumeq.settings import ConfigFile, Settings
+from resumeq.janitor.sweep import Janitor
 from resumeq.store import Store
 from resumeq.testing import RedisServer
+from resumeq.worker.context import build_context
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,10 +18,10 @@ import httpcore
 import httpx
 import pytest
 
-from resumeq.context import HttpClients
+from resumeq.core.settings import ProviderProfile, WorkerSettings
 from resumeq.fake import FakeProvider
-from resumeq.pacing import PacedBackend, PacedStream
-from resumeq.settings import ProviderProfile, WorkerSettings
+from resumeq.providers.pacing import PacedBackend, PacedStream
+from resumeq.worker.context import HttpClients
 
 
 class Sender:

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from resumeq.continuation import INSTRUCTION, PARTIAL_CLOSE, PARTIAL_OPEN, plan_request
-from resumeq.errors import (
+from resumeq.core.continuation import INSTRUCTION, PARTIAL_CLOSE, PARTIAL_OPEN, plan_request
+from resumeq.core.errors import (
     Disconnected,
     FatalProviderError,
     InBandError,
@@ -25,11 +25,11 @@ from resumeq.errors import (
     StreamCut,
     Truncated,
 )
+from resumeq.core.settings import ProviderProfile
+from resumeq.core.spec import JobSpec, parse_spec
+from resumeq.core.splice import Splicer
 from resumeq.fake import FakeProvider, count_tokens
 from resumeq.providers import OutputDelta, ProviderClient, TextDelta, Usage, make_client
-from resumeq.settings import ProviderProfile
-from resumeq.spec import JobSpec, parse_spec
-from resumeq.splice import Splicer
 from resumeq.testing import free_port
 
 SPEC = parse_spec(

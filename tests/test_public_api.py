@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 
 import resumeq
-from resumeq import errors
+from resumeq.core import errors
 
 
 def test_all_names_exist() -> None:

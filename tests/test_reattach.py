@@ -13,13 +13,13 @@ import pytest
 from e2e_support import background_exchanges
 from worker_support import attempt_runner, run_to_rest
 
-from resumeq.continuation import plan_reattach
-from resumeq.errors import MalformedChunk, ReattachRefused, ResponseQueued
+from resumeq.core.continuation import plan_reattach
+from resumeq.core.errors import MalformedChunk, ReattachRefused, ResponseQueued
+from resumeq.core.settings import ProviderProfile
+from resumeq.core.spec import JobSpec
 from resumeq.fake import FakeProvider
 from resumeq.providers import make_client
 from resumeq.providers.openai_responses import ResponsesStream
-from resumeq.settings import ProviderProfile
-from resumeq.spec import JobSpec
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from worker_support import attempt_runner, run_to_rest
 
-from resumeq import due, gate
+from resumeq.core import gate
 from resumeq.fake import FakeProvider
-from resumeq.queueing import attempt_rq_id
+from resumeq.queue import due
+from resumeq.queue.queueing import attempt_rq_id
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 

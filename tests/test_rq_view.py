@@ -23,7 +23,7 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from resumeq.fake import FakeProvider
-from resumeq.queueing import attempt_rq_id
+from resumeq.queue.queueing import attempt_rq_id
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import descendants, wait_for
@@ -130,13 +130,13 @@ def test_rq_info_counts_failed_exactly_the_jobs_that_need_a_person(world: World)
 
 @pytest.mark.timeout(120)
 def test_a_forking_worker_counts_a_dead_work_horse_canceled(world: World) -> None:
-    """``rq worker -w resumeq.rq_worker.ForkingWorker``: a process per attempt; a work horse
+    """``rq worker -w resumeq.worker.rq_worker.ForkingWorker``: a process per attempt; a work horse
     killed mid-stream (its worker lives on) is canceled, and the janitor hands the job on."""
     world.fake.token_delay_ms = 40
     url = world.cluster.env["RESUMEQ_REDIS_URL"]
     worker = world.cluster.spawn(
         "forking-worker",
-        [sys.executable, "-m", "rq.cli", "worker", "-w", "resumeq.rq_worker.ForkingWorker",
+        [sys.executable, "-m", "rq.cli", "worker", "-w", "resumeq.worker.rq_worker.ForkingWorker",
          "-S", "rq.serializers.JSONSerializer", "-u", url, QUEUE],
     )  # fmt: skip
     world.cluster.janitor(interval_s=0.3)

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from resumeq.async_client import AsyncClient
-from resumeq.connection import SentinelURL, check_sentinel, connect, parse_sentinel_url
+from resumeq.producer.async_client import AsyncClient
 from resumeq.store import Store
+from resumeq.store.connection import SentinelURL, check_sentinel, connect, parse_sentinel_url
 from resumeq.testing import RedisServer, free_port
 
 pytestmark = pytest.mark.timeout(60)

@@ -25,14 +25,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from starlette.routing import Route
 from test_cli import run
 
-from resumeq import keys
+from resumeq.core import names
+from resumeq.core.ledger import AttemptRecord
+from resumeq.core.settings import Settings
+from resumeq.core.spec import JobSpec
 from resumeq.fake import FakeProvider
-from resumeq.ledger import AttemptRecord
-from resumeq.producer import enqueue_job
+from resumeq.producer.enqueue import enqueue_job
 from resumeq.server import create_app
-from resumeq.settings import Settings
-from resumeq.spec import JobSpec
-from resumeq.store import Store
+from resumeq.store import Store, keys
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import Cluster, Proc, wait_for, write_config
 from resumeq.testing.redis_server import free_port
@@ -660,7 +660,7 @@ def unsettled(api: Api) -> list[str]:
     mid-stream ends at once; its attempt's record (and its tokens in the totals) comes when
     the worker sees the cancel, a flush later."""
     pending = []
-    for key in api.store.redis.scan_iter(match=f"{keys.PREFIX}:job:{{*}}", count=1000):
+    for key in api.store.redis.scan_iter(match=f"{names.PREFIX}:job:{{*}}", count=1000):
         job_id = key.decode().split("{", 1)[1].rstrip("}")
         record = api.store.get(job_id)
         in_flight = record.state.value in ("queued", "running", "stalled")

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from resumeq.defaults import DEFAULT_REDIS_URL, LIMIT_DEFAULTS, STORE_DEFAULTS
-from resumeq.errors import ConfigError
-from resumeq.settings import Settings, StoreSettings, load_settings
-from resumeq.spec import Limits
+from resumeq.core.defaults import DEFAULT_REDIS_URL, LIMIT_DEFAULTS, STORE_DEFAULTS
+from resumeq.core.errors import ConfigError
+from resumeq.core.settings import Settings, StoreSettings, load_settings
+from resumeq.core.spec import Limits
 
 EXAMPLE = """
 [providers.local]
@@ -144,7 +144,7 @@ def test_a_config_variable_naming_no_file_is_a_clear_error(
 
 
 def test_the_defaults_without_a_model_are_the_models_defaults() -> None:
-    """What a command without a config file hands the store (resumeq.defaults) is what
+    """What a command without a config file hands the store (resumeq.core.defaults) is what
     the settings models default to."""
     assert StoreSettings().model_dump() == dataclasses.asdict(STORE_DEFAULTS)
     assert Limits().model_dump() == dataclasses.asdict(LIMIT_DEFAULTS)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import redis
 
-from resumeq.errors import InvalidSpec
-from resumeq.spec import JobSpec, Limits, parse_spec, parse_spec_json
+from resumeq.core.errors import InvalidSpec
+from resumeq.core.spec import JobSpec, Limits, parse_spec, parse_spec_json
 from resumeq.store import Store
 
 SMALL = Limits(max_messages=3, max_prompt_bytes=100, max_budget_tokens=1000, max_metadata_bytes=60)

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from resumeq.cli import cli
-from resumeq.client import Client
-from resumeq.errors import InvalidSpec
-from resumeq.spec import JobSpec
+from resumeq.core.errors import InvalidSpec
+from resumeq.core.spec import JobSpec
+from resumeq.producer.client import Client
 from resumeq.testing import RedisServer
 
 FIELDS = sorted(JobSpec.model_fields)

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from resumeq.defaults import LIMIT_DEFAULTS
-from resumeq.errors import InvalidSpec
-from resumeq.spec import ExitPolicy, JobSpec, Limits, parse_spec
-from resumeq.spec_rules import (
+from resumeq.core.defaults import LIMIT_DEFAULTS
+from resumeq.core.errors import InvalidSpec
+from resumeq.core.spec import ExitPolicy, JobSpec, Limits, parse_spec
+from resumeq.core.spec_rules import (
     DEFAULT_FLOOR_TOKENS,
     EXIT_DEFAULTS,
     MAX_ATTEMPTS,

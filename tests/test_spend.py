@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from worker_support import attempt_runner, run_to_rest
 
-from resumeq import ops
+from resumeq.core.ledger import AttemptRecord, CountSource, summary
+from resumeq.core.settings import Prices
 from resumeq.fake import FakeProvider
-from resumeq.ledger import AttemptRecord, CountSource, summary
-from resumeq.settings import Prices
+from resumeq.producer import ops
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import wait_for

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from resumeq.splice import (
+from resumeq.core.splice import (
     DEFAULT_MIN_OVERLAP,
     EXACT_MODES,
     PARTIAL_ECHO_MIN,
@@ -398,7 +398,7 @@ def starts_like_an_echo(rest: str, sent: str) -> bool:
 
 
 def ambiguous(sc: Scenario, prefix: str, rest: str, sent: str, first: str) -> bool:
-    """The cases no rule can tell apart, each documented in resumeq/splice.py."""
+    """The cases no rule can tell apart, each documented in resumeq/core/splice.py."""
     echoing = sc.policy != "no" and sc.echo_style != "none"
     if sc.policy == "auto" and sc.mode == "instruction" and echoing:
         # "auto" in instruction mode takes only a long, unique, aperiodic tail for an echo.

@@ -1,6 +1,6 @@
 """SSE fuzzing: both provider clients against a real loopback server that answers a
 scripted or random byte stream. Every stream either ends with a finish reason or is a
-:class:`~resumeq.errors.StreamCut`, within the stall timeout and with bounded memory."""
+:class:`~resumeq.core.errors.StreamCut`, within the stall timeout and with bounded memory."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from resumeq.continuation import plan_request
-from resumeq.errors import Disconnected, MalformedChunk, Stalled, StreamCut, Truncated
+from resumeq.core.continuation import plan_request
+from resumeq.core.errors import Disconnected, MalformedChunk, Stalled, StreamCut, Truncated
+from resumeq.core.settings import ProviderProfile
+from resumeq.core.spec import parse_spec
 from resumeq.providers import TextDelta, Usage, make_client
-from resumeq.settings import ProviderProfile
-from resumeq.spec import parse_spec
 
 pytestmark = pytest.mark.timeout(15)
 

@@ -9,8 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from resumeq import keys
-from resumeq.errors import (
+from resumeq.core.errors import (
     CorruptRecord,
     IdempotencyConflict,
     InvalidTransition,
@@ -20,9 +19,9 @@ from resumeq.errors import (
     SpillExhausted,
     StaleRevision,
 )
-from resumeq.models import Acquired, JobState
-from resumeq.settings import StoreSettings
-from resumeq.store import Store
+from resumeq.core.models import Acquired, JobState
+from resumeq.core.settings import StoreSettings
+from resumeq.store import Store, keys
 
 
 def spec(**over: Any) -> dict[str, Any]:

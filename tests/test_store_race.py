@@ -7,9 +7,8 @@ from multiprocessing.synchronize import Barrier
 
 import pytest
 
-from resumeq import keys
-from resumeq.errors import InvalidTransition
-from resumeq.store import Store
+from resumeq.core.errors import InvalidTransition
+from resumeq.store import Store, keys
 from resumeq.testing import RedisServer
 
 ROUNDS = 200

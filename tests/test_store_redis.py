@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from resumeq.errors import RedisUnavailable
-from resumeq.models import JobState
+from resumeq.core.errors import RedisUnavailable
+from resumeq.core.models import JobState
 from resumeq.store import Store
 from resumeq.testing import RedisServer, free_port
 

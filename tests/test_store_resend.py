@@ -10,10 +10,9 @@ from typing import Any
 
 import pytest
 
-from resumeq import keys
-from resumeq.errors import CorruptRecord
-from resumeq.models import Acquired
-from resumeq.store import Store
+from resumeq.core.errors import CorruptRecord
+from resumeq.core.models import Acquired
+from resumeq.store import Store, keys
 
 SPEC = {"prompt": "p", "provider": "x", "model": "m", "budget_tokens": 500, "hooks": ["h"]}
 
@@ -34,7 +33,7 @@ class Requests:
 @pytest.fixture
 def requests(monkeypatch: pytest.MonkeyPatch) -> Requests:
     ids = Requests()
-    monkeypatch.setattr("resumeq.store.request_id", ids)
+    monkeypatch.setattr("resumeq.store.facade.request_id", ids)
     return ids
 
 

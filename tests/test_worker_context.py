@@ -13,14 +13,14 @@ import httpx
 import pytest
 from worker_support import attempt_runner
 
-from resumeq.context import Handoff, HttpClients, redis_pool_size
+from resumeq.core.settings import ProviderProfile
 from resumeq.fake import FakeProvider, count_tokens
-from resumeq.producer import enqueue_job
-from resumeq.settings import ProviderProfile
+from resumeq.producer.enqueue import enqueue_job
 from resumeq.store import Store
 from resumeq.testing import RedisServer
 from resumeq.testing.processes import wait_for
-from resumeq.worker import AttemptRunner
+from resumeq.worker.attempt import AttemptRunner
+from resumeq.worker.context import Handoff, HttpClients, redis_pool_size
 
 
 def profile(**over: object) -> ProviderProfile:
@@ -123,7 +123,7 @@ def test_a_handoff_keeps_every_token_received_and_hands_the_job_on_at_once(
     # is at most the token it wrote as the connection closed. Paced by 300 ms (whole from
     # one stream on), the tokens come some six per read: those of the read the handoff
     # interrupts, and those already waiting on the socket, are kept too (drained).
-    monkeypatch.setattr("resumeq.context.FULL_AT", 1)
+    monkeypatch.setattr("resumeq.worker.context.FULL_AT", 1)
     fake.completion_tokens = 400
     fake.token_delay_ms = 50
     prompt = "A long answer handed off mid-stream."
@@ -168,7 +168,7 @@ def test_a_handoff_interrupt_wakes_a_stream_whose_provider_sends_nothing(
 ) -> None:
     """Nothing waits on its socket, so the handoff's deadline closes the connection: the
     reader, blocked on a provider that went quiet for 30 s, is woken at once."""
-    monkeypatch.setattr("resumeq.context.FULL_AT", 1)
+    monkeypatch.setattr("resumeq.worker.context.FULL_AT", 1)
     prompt = "A provider that goes quiet."
     fake.add_faults([{"kind": "stall", "after_tokens": 10, "seconds": 30, "match": prompt}])
     worker = {"flush_tokens": 4, "flush_ms": 60_000, "read_pause_ms": read_pause_ms}

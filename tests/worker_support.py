@@ -9,10 +9,10 @@ from typing import Any
 
 import httpx
 
-from resumeq.context import HttpClients, build_context
-from resumeq.models import JobRecord
-from resumeq.settings import ConfigFile, Settings
-from resumeq.worker import AttemptRunner
+from resumeq.core.models import JobRecord
+from resumeq.core.settings import ConfigFile, Settings
+from resumeq.worker.attempt import AttemptRunner
+from resumeq.worker.context import HttpClients, build_context
 
 ENDED = {"done", "failed", "abandoned", "cancelled", "dropped", "spilled"}
 

@@ -12,16 +12,16 @@ import sys
 
 import click
 
-from resumeq import heap
 from resumeq.cli import jobs, server, spill, tools, workers
 from resumeq.cli._base import cli
+from resumeq.worker import heap
 
 __all__ = ["cli", "jobs", "main", "server", "spill", "tools", "workers"]
 
 
 def main() -> None:
     """The console script: a usage error is one line too, with click's exit code (2)."""
-    heap.mark_entry_point()  # ``resumeq worker`` may start itself again (resumeq.heap)
+    heap.mark_entry_point()  # ``resumeq worker`` may start itself again (resumeq.worker.heap)
     try:
         code = cli.main(prog_name="resumeq", standalone_mode=False)
     except click.ClickException as exc:

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import click
 
-from resumeq import config_digest, defaults
-from resumeq.errors import ConfigError, JobNotFound, ResumeqError
+from resumeq.core import config_digest, defaults
+from resumeq.core.errors import ConfigError, JobNotFound, ResumeqError
 
 if TYPE_CHECKING:
-    from resumeq.settings import Settings
+    from resumeq.core.settings import Settings
     from resumeq.store import Store
 
 P = ParamSpec("P")
@@ -36,7 +36,7 @@ class Context:
     """What the group's options resolve to, shared by the commands.
 
     Without a config file nothing is built from one: the store gets the defaults
-    (:mod:`resumeq.defaults`), and a command that only reads or writes Redis loads no
+    (:mod:`resumeq.core.defaults`), and a command that only reads or writes Redis loads no
     settings model."""
 
     def __init__(self, redis_url: str | None, config: Path | None) -> None:
@@ -55,7 +55,7 @@ class Context:
     @property
     def settings(self) -> Settings:
         if self._settings is None:
-            from resumeq.settings import load_settings  # noqa: PLC0415
+            from resumeq.core.settings import load_settings  # noqa: PLC0415
 
             path = defaults.config_path(self._config)
             data = config_digest.read_bytes(path) if path is not None else None
@@ -69,7 +69,7 @@ class Context:
     @property
     def digest(self) -> config_digest.ConfigDigest | None:
         """What a command reads of the config file without the models, if they validated
-        the file as it is now (:mod:`resumeq.config_digest`); None without a config file."""
+        the file as it is now (:mod:`resumeq.core.config_digest`); None without a config file."""
         path = defaults.config_path(self._config)
         if path is None:
             return None
@@ -109,7 +109,7 @@ class Context:
         except (KeyError, OSError):  # no login name in this environment
             who = f"unknown@{socket.gethostname()}"
         if jobs:
-            from resumeq import audit  # noqa: PLC0415
+            from resumeq.store import audit  # noqa: PLC0415
 
             audit.record(
                 self.store.redis,
@@ -134,7 +134,7 @@ def _check_sentinels(url: str) -> None:
     refuses the credentials), not a traceback at the first command."""
     import redis  # noqa: PLC0415
 
-    from resumeq.connection import check_sentinel, parse_sentinel_url  # noqa: PLC0415
+    from resumeq.store.connection import check_sentinel, parse_sentinel_url  # noqa: PLC0415
 
     target = parse_sentinel_url(url)
     if target is None:

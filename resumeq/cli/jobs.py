@@ -14,11 +14,11 @@ from typing import Any
 
 import click
 
-from resumeq import keys
 from resumeq.cli._base import EXIT_ERROR, Context, _emit, cli, reports_errors
 from resumeq.cli.spill import parse_age
-from resumeq.errors import InvalidTransition, ProviderError, ResumeqError
-from resumeq.states import ENDED_SCAN_MAX, LIVE_STATES, JobState
+from resumeq.core.errors import InvalidTransition, ProviderError, ResumeqError
+from resumeq.core.states import ENDED_SCAN_MAX, LIVE_STATES, JobState
+from resumeq.store import keys
 
 #: States whose ``reason`` says why the job is in them; a running job's, or an ended
 #: one's that finished or failed, is left over from an earlier state.
@@ -98,7 +98,7 @@ def _status_lines(info: dict[str, Any]) -> list[str]:
 @reports_errors
 def status(obj: Context, job_id: str, as_json: bool) -> None:
     """Show a job: its state, spent output tokens, revision, lease, attempts and text."""
-    from resumeq import ops  # noqa: PLC0415
+    from resumeq.producer import ops  # noqa: PLC0415
 
     info = ops.status_dict(obj.store, job_id)
     if as_json:
@@ -163,7 +163,7 @@ def _spec_from_options(options: dict[str, Any]) -> dict[str, Any]:
 @reports_errors
 def enqueue(obj: Context, /, as_json: bool, queue: str, **options: Any) -> None:
     """Enqueue a generation job; prints its id."""
-    from resumeq.producer import enqueue_job  # noqa: PLC0415
+    from resumeq.producer.enqueue import enqueue_job  # noqa: PLC0415
 
     spec = _spec_from_options(options)
     digest = obj.digest
@@ -184,7 +184,7 @@ def enqueue(obj: Context, /, as_json: bool, queue: str, **options: Any) -> None:
 @reports_errors
 def tail(obj: Context, job_id: str, after: int) -> None:
     """Print a job's text as it grows; exit when the job ends."""
-    from resumeq.client import Client  # noqa: PLC0415
+    from resumeq.producer.client import Client  # noqa: PLC0415
 
     client = Client(obj.store.redis, settings=obj.store.settings, limits=obj.store.limits)
     for delta in client.follow(job_id, after=after):
@@ -218,7 +218,7 @@ def stats(obj: Context, as_json: bool, provider: str | None, forget: str | None)
             raise click.UsageError("--forget-provider goes alone, without --provider")
         _forget_provider(obj, forget, as_json)
         return
-    from resumeq import ops  # noqa: PLC0415
+    from resumeq.producer import ops  # noqa: PLC0415
 
     info = ops.stats(obj.store, provider)
     if as_json:
@@ -264,8 +264,8 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
 
     A job that had already ended is left as it was, and said so (``already_ended`` in the
     JSON, which is the job's status either way); the exit code is 0 both ways."""
-    from resumeq import ops  # noqa: PLC0415
-    from resumeq.producer import cancel_job  # noqa: PLC0415
+    from resumeq.producer import ops  # noqa: PLC0415
+    from resumeq.producer.enqueue import cancel_job  # noqa: PLC0415
 
     try:
         revision = cancel_job(obj.store, job_id, reason=reason)
@@ -298,11 +298,16 @@ def cancel(obj: Context, job_id: str, reason: str, as_json: bool) -> None:
 def _stop_response(obj: Context, job_id: str) -> tuple[str | None, str | None]:
     """A cancelled job's background response stopped at the provider now (a janitor would
     do it at its next sweep): its id if it was stopped, and what went wrong if anything."""
-    from resumeq import ops  # noqa: PLC0415
-
     try:
-        found = ops.response_of(obj.store.get(job_id))
-        if found is not None and ops.stop_background_response(obj.settings, found[2], found[1]):
+        record = obj.store.get(job_id)
+        if record.response_id is None:  # the usual case: no provider clients to load
+            return None, None
+        from resumeq.providers import background  # noqa: PLC0415
+
+        found = background.response_of(record)
+        if found is not None and background.stop_background_response(
+            obj.settings, found[2], found[1]
+        ):
             return found[1], None
     except ProviderError as exc:  # the job is cancelled all the same; a janitor tries again
         return None, f"its background response was not cancelled at the provider: {exc}"
@@ -318,7 +323,7 @@ def _stop_response(obj: Context, job_id: str) -> tuple[str | None, str | None]:
 @reports_errors
 def purge(obj: Context, job_id: str, as_json: bool) -> None:
     """Remove a job and everything it owns now (a running job: cancel it first)."""
-    from resumeq.producer import purge_job  # noqa: PLC0415
+    from resumeq.producer.enqueue import purge_job  # noqa: PLC0415
 
     removed = purge_job(obj.store, job_id)
     obj.audit("purge", [job_id])
@@ -372,7 +377,7 @@ def jobs_command(
     """Jobs in a state, from an index (never a scan of Redis): a live state's own, longest
     there first; for an ended state, the index of every job, newest first, bounded by
     --scan and saying how much of it was read."""
-    from resumeq import ops  # noqa: PLC0415
+    from resumeq.producer import ops  # noqa: PLC0415
 
     if state in LIVE_STATES:
         if since is not None:

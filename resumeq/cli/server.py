@@ -10,7 +10,7 @@ import click
 from resumeq.cli._base import Context, cli, reports_errors
 
 if TYPE_CHECKING:
-    from resumeq.settings import Role
+    from resumeq.core.settings import Role
 
 
 @cli.command()
@@ -75,8 +75,8 @@ def token() -> None:
 @click.option("--name", default=None, help="Whom its jobs belong to (default: its hash's head).")
 def token_new(role: Role, name: str | None) -> None:
     """Print a fresh token and the line to add to [server] tokens (only its hash is kept)."""
+    from resumeq.core.settings import ServerToken  # noqa: PLC0415
     from resumeq.server.auth import new_token  # noqa: PLC0415
-    from resumeq.settings import ServerToken  # noqa: PLC0415
 
     secret, line = new_token(role, name)
     if name is not None:

@@ -1,5 +1,5 @@
 """The spill lane from a shell: list (with filters), show, requeue and drop — one job or
-all that match — and export. Each command loads the operations (:mod:`resumeq.ops`) when it
+all that match — and export. Each command loads the operations (:mod:`resumeq.producer.ops`) when it
 runs."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import click
 from resumeq.cli._base import Context, _emit, cli, reports_errors
 
 if TYPE_CHECKING:
-    from resumeq import ops
+    from resumeq.producer import ops
 
 _AGE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -51,7 +51,7 @@ def _filters(fn: Callable[..., Any], *, provider_flag: str = "--provider") -> Ca
 
 def _where(reason: str | None, of_provider: str | None, queue: str | None,
            older_than: str | None) -> ops.SpillFilter:  # fmt: skip
-    from resumeq import ops  # noqa: PLC0415
+    from resumeq.producer import ops  # noqa: PLC0415
 
     return ops.SpillFilter(
         reason=reason,
@@ -74,7 +74,7 @@ def spill() -> None:
 @reports_errors
 def spill_list(obj: Context, /, as_json: bool, limit: int | None, **filters: Any) -> None:
     """Spilled jobs, oldest first, with why they spilled."""
-    from resumeq import ops  # noqa: PLC0415
+    from resumeq.producer import ops  # noqa: PLC0415
 
     entries = ops.spill_list(obj.store, _where(**filters), limit=limit)
     if as_json:
@@ -95,7 +95,7 @@ def spill_list(obj: Context, /, as_json: bool, limit: int | None, **filters: Any
 @reports_errors
 def spill_show(obj: Context, job_id: str, as_json: bool) -> None:
     """A spilled job: why, the conversation it was asked, its partial text and ledger."""
-    from resumeq import ops  # noqa: PLC0415
+    from resumeq.producer import ops  # noqa: PLC0415
 
     info = ops.spill_detail(obj.store, job_id)
     if as_json:
@@ -130,7 +130,7 @@ def _confirmed(
     obj: Context, verb: str, where: ops.SpillFilter, yes: bool, as_json: bool, *, to: str = ""
 ) -> bool:
     """Say how many jobs ``--all`` will touch (and where to), and ask (unless ``--yes``)."""
-    from resumeq import ops  # noqa: PLC0415
+    from resumeq.producer import ops  # noqa: PLC0415
 
     count = len(ops.spilled_records(obj.store, where))
     if count == 0:
@@ -178,7 +178,7 @@ def spill_requeue(
 ) -> None:
     """Send a spilled job (or --all that match) back to a queue, maybe another queue,
     provider or a larger budget."""
-    from resumeq import ops  # noqa: PLC0415
+    from resumeq.producer import ops  # noqa: PLC0415
 
     if provider is not None and obj.settings.file.providers:
         obj.settings.profile(provider)
@@ -246,7 +246,7 @@ def spill_drop(
 ) -> None:
     """Give up on a spilled job (or --all that match); its partial text stays readable
     until it expires."""
-    from resumeq import ops  # noqa: PLC0415
+    from resumeq.producer import ops  # noqa: PLC0415
 
     if _single(job_id, every, filters):
         assert job_id is not None
@@ -288,7 +288,7 @@ def _warn(warnings: list[str]) -> None:
 @reports_errors
 def spill_export(obj: Context, /, **filters: Any) -> None:
     """Spilled jobs that match as JSON lines: reason, conversation, partial text, ledger."""
-    from resumeq import ops  # noqa: PLC0415
+    from resumeq.producer import ops  # noqa: PLC0415
 
     for line in ops.spill_export_lines(obj.store, _where(**filters)):
         click.echo(line, nl=False)

@@ -9,9 +9,9 @@ import threading
 
 import click
 
-from resumeq import heap
 from resumeq.cli._base import Context, _emit, cli, reports_errors
-from resumeq.errors import ConfigError
+from resumeq.core.errors import ConfigError
+from resumeq.worker import heap
 
 
 @cli.command()
@@ -36,7 +36,7 @@ def worker(obj: Context, queues: tuple[str, ...], burst: bool, concurrency: int 
     if concurrency is not None and concurrency < 1:
         raise ConfigError(f"--concurrency must be at least 1, not {concurrency}")
     heap.reexec_without_thread_caches()  # before a warning is printed or a thread starts
-    from resumeq.rq_worker import exit_now, missing_api_keys, run_worker  # noqa: PLC0415
+    from resumeq.worker.rq_worker import exit_now, missing_api_keys, run_worker  # noqa: PLC0415
 
     for profile, variable in missing_api_keys(obj.settings):
         click.echo(
@@ -55,8 +55,8 @@ def worker(obj: Context, queues: tuple[str, ...], burst: bool, concurrency: int 
 @reports_errors
 def janitor(obj: Context, once: bool, interval: float | None, as_json: bool) -> None:
     """Reap jobs whose worker died and resume, spill or abandon them."""
-    from resumeq.context import build_context  # noqa: PLC0415
-    from resumeq.janitor import Janitor  # noqa: PLC0415
+    from resumeq.janitor.sweep import Janitor  # noqa: PLC0415
+    from resumeq.worker.context import build_context  # noqa: PLC0415
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     # Its connections go unnamed: it holds no leases (and a Redis without CLIENT SETNAME

@@ -11,7 +11,7 @@ vLLM or llama.cpp does where they differ (``engine``). Faults are queued through
 or :meth:`FakeProvider.chaos`); every request is journalled at ``/_fake/requests``.
 """
 
-from resumeq.continuation import PARTIAL_CLOSE, PARTIAL_OPEN
+from resumeq.core.continuation import PARTIAL_CLOSE, PARTIAL_OPEN
 from resumeq.fake.conversation import partial_tail
 from resumeq.fake.engine import Engine
 from resumeq.fake.faults import Fault, FaultKind

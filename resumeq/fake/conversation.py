@@ -11,7 +11,7 @@ from typing import Literal
 
 # The instruction form wraps the unfinished tail in these markers (the exact text between
 # them is the tail): the fake follows the instruction resumeq's client writes.
-from resumeq.continuation import PARTIAL_CLOSE, PARTIAL_OPEN
+from resumeq.core.continuation import PARTIAL_CLOSE, PARTIAL_OPEN
 from resumeq.fake.markers import Markers, markers_of
 
 ContinueMode = Literal["prefill", "prefill_flag", "continue_final_message", "instruction"]

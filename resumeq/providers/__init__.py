@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 
+from resumeq.core.settings import ProviderProfile
 from resumeq.providers.anthropic import AnthropicClient, AnthropicStream
 from resumeq.providers.base import (
     OutputDelta,
@@ -17,7 +18,6 @@ from resumeq.providers.base import (
 )
 from resumeq.providers.openai import OpenAIClient, OpenAIStream
 from resumeq.providers.openai_responses import ResponsesClient, ResponsesStream
-from resumeq.settings import ProviderProfile
 
 
 def make_client(profile: ProviderProfile, http: httpx.Client) -> ProviderClient:

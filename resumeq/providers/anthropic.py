@@ -16,8 +16,8 @@ from typing import Any, Literal
 import httpx
 from httpx_sse import ServerSentEvent
 
-from resumeq.continuation import ChatMessage, RequestPlan
-from resumeq.errors import InBandError, MalformedChunk
+from resumeq.core.continuation import ChatMessage, RequestPlan
+from resumeq.core.errors import InBandError, MalformedChunk
 from resumeq.providers.base import (
     OutputDelta,
     ProviderClient,

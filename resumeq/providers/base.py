@@ -1,12 +1,12 @@
 """What every provider client shares: the stream's events, the one place where httpx's
 errors and HTTP statuses become resumeq's, and Retry-After.
 
-A client takes an injected ``httpx.Client`` and a :class:`~resumeq.settings.ProviderProfile`.
+A client takes an injected ``httpx.Client`` and a :class:`~resumeq.core.settings.ProviderProfile`.
 ``open(plan)`` sends the request and answers a :class:`ProviderStream` once the status is
-known (raising a :class:`~resumeq.errors.RetryableProviderError` or
-:class:`~resumeq.errors.FatalProviderError` before any token); iterating the stream yields
+known (raising a :class:`~resumeq.core.errors.RetryableProviderError` or
+:class:`~resumeq.core.errors.FatalProviderError` before any token); iterating the stream yields
 :class:`TextDelta` and :class:`Usage` events and raises a
-:class:`~resumeq.errors.StreamCut` subclass when the stream breaks. A stream that ends
+:class:`~resumeq.core.errors.StreamCut` subclass when the stream breaks. A stream that ends
 without a finish reason is a cut, never a success; a malformed chunk is a cut, never
 skipped. The body is read by the bounded reader of :mod:`resumeq.providers.sse`.
 
@@ -35,8 +35,8 @@ from typing import Any, Literal
 import httpx
 from httpx_sse import ServerSentEvent, SSEError
 
-from resumeq.continuation import RequestPlan
-from resumeq.errors import (
+from resumeq.core.continuation import RequestPlan
+from resumeq.core.errors import (
     Disconnected,
     FatalProviderError,
     MalformedChunk,
@@ -50,10 +50,10 @@ from resumeq.errors import (
     Truncated,
     UnreadableCount,
 )
-from resumeq.pacing import PacedStream
+from resumeq.core.settings import ProviderProfile
+from resumeq.providers.pacing import PacedStream
 from resumeq.providers.sse import iter_events
 from resumeq.providers.tokenize import READERS
-from resumeq.settings import ProviderProfile
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -401,7 +401,7 @@ class ProviderClient(ABC):
 
     def count_text_tokens(self, text: str, *, model: str, timeout_s: float | None = None) -> int:
         """Tokens of ``text`` by the provider's counting endpoint (the profile's
-        ``tokenizer`` format); raises :class:`~resumeq.errors.ProviderError` when the
+        ``tokenizer`` format); raises :class:`~resumeq.core.errors.ProviderError` when the
         endpoint fails or answers something that is not a count."""
         if not text:
             return 0

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 from httpx_sse import ServerSentEvent
 
-from resumeq.continuation import RequestPlan
-from resumeq.errors import InBandError, MalformedChunk
+from resumeq.core.continuation import RequestPlan
+from resumeq.core.errors import InBandError, MalformedChunk
 from resumeq.providers.base import (
     OutputDelta,
     ProviderClient,

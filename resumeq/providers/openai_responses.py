@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 from httpx_sse import ServerSentEvent
 
-from resumeq.continuation import RequestPlan
-from resumeq.errors import (
+from resumeq.core.continuation import RequestPlan
+from resumeq.core.errors import (
     FatalProviderError,
     InBandError,
     MalformedChunk,

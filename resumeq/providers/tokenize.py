@@ -10,8 +10,8 @@
   prompt: the framing of such a prompt, measured with a one-token probe, is subtracted.
 
 ``{root}`` is the base URL without ``/v1``. Each reader checks the answer's shape and
-raises :class:`~resumeq.errors.UnreadableCount` for anything that is not a count; whether
-a count is believable is decided in :mod:`resumeq.counting`.
+raises :class:`~resumeq.core.errors.UnreadableCount` for anything that is not a count; whether
+a count is believable is decided in :mod:`resumeq.core.counting`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from resumeq.errors import UnreadableCount
+from resumeq.core.errors import UnreadableCount
+from resumeq.core.settings import ProviderProfile
 from resumeq.providers.counts import int_or_none
-from resumeq.settings import ProviderProfile
 
 
 class Poster(Protocol):

@@ -1,10 +1,10 @@
 """The HTTP service's routes (SPEC §18): jobs, their event streams, stats and health.
 
-Every operation is the one the CLI and :class:`~resumeq.client.Client` run — the store's
-scripts, :func:`~resumeq.producer.enqueue_job`, :mod:`resumeq.ops` — called in a worker
-thread (they are synchronous and re-send what Redis did not answer); event streams read
-Redis with ``redis.asyncio`` (:class:`~resumeq.async_client.AsyncClient`). Nothing is done
-differently for HTTP.
+Every operation is the one the CLI and :class:`~resumeq.producer.client.Client` run — the
+store's scripts, :func:`~resumeq.producer.enqueue.enqueue_job`, :mod:`resumeq.producer.ops` —
+called in a worker thread (they are synchronous and re-send what Redis did not answer);
+event streams read Redis with ``redis.asyncio``
+(:class:`~resumeq.producer.async_client.AsyncClient`). Nothing is done differently for HTTP.
 """
 
 from __future__ import annotations
@@ -28,11 +28,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from resumeq import audit, keys, metrics, producer
-from resumeq.async_client import AsyncClient
-from resumeq.capabilities import refused, warning
-from resumeq.connection import connect
-from resumeq.errors import (
+from resumeq.core import names
+from resumeq.core.errors import (
     ConfigError,
     IdempotencyConflict,
     InvalidSpec,
@@ -42,8 +39,14 @@ from resumeq.errors import (
     ResumeqError,
     WriteRefused,
 )
-from resumeq.models import JobState
-from resumeq.ops import (
+from resumeq.core.models import JobState
+from resumeq.core.settings import Role, Settings, load_settings
+from resumeq.core.spec import JobSpec, parse_spec
+from resumeq.core.spec_rules import looks_like_secret, looks_like_url
+from resumeq.producer import enqueue as producer
+from resumeq.producer.async_client import AsyncClient
+from resumeq.producer.enqueue import enqueue_job
+from resumeq.producer.ops import (
     SpillFilter,
     drop_spilled,
     requeue_spilled,
@@ -53,7 +56,6 @@ from resumeq.ops import (
     status_dict,
     unserved,
 )
-from resumeq.producer import enqueue_job
 from resumeq.server import sse
 from resumeq.server.auth import (
     CAN_CREATE,
@@ -76,10 +78,17 @@ from resumeq.server.openapi import (
 )
 from resumeq.server.problems import Problem
 from resumeq.server.proxy import ForwardedHeaders
-from resumeq.settings import Role, Settings, load_settings
-from resumeq.spec import JobSpec, parse_spec
-from resumeq.spec_rules import looks_like_secret, looks_like_url
-from resumeq.store import DEFAULT_QUEUE, SPILL_QUEUE, Store, check_queue, redis_errors
+from resumeq.store import (
+    DEFAULT_QUEUE,
+    SPILL_QUEUE,
+    Store,
+    audit,
+    check_queue,
+    metrics,
+    redis_errors,
+)
+from resumeq.store.capabilities import refused, warning
+from resumeq.store.connection import connect
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +159,7 @@ class Service:
 
     def ping(self) -> None:
         """Redis answers within :data:`HEALTH_TIMEOUT_S`, asked once, or
-        :class:`~resumeq.errors.RedisUnavailable`."""
+        :class:`~resumeq.core.errors.RedisUnavailable`."""
         with redis_errors("ping"):
             self._health.ping()
 
@@ -181,7 +190,7 @@ def principal(request: Request, allowed: frozenset[Role] | None = None) -> Princ
 def job_id_of(request: Request) -> str:
     raw = str(request.path_params["job_id"])
     try:
-        return keys.check_job_id(raw)
+        return names.check_job_id(raw)
     except ValueError:
         raise Problem.field(404, "id", f"malformed job id {raw[:80]!r}") from None
 

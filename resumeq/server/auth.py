@@ -15,7 +15,7 @@ import ipaddress
 import secrets
 from dataclasses import dataclass
 
-from resumeq.settings import Role, ServerToken
+from resumeq.core.settings import Role, ServerToken
 
 #: Who may do what (SPEC §18).
 CAN_CREATE: frozenset[Role] = frozenset({"producer", "operator"})

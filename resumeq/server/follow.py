@@ -26,9 +26,9 @@ import os
 import re
 from dataclasses import dataclass
 
-from resumeq.errors import ConfigError
-from resumeq.keys import JOB_ID_RE
-from resumeq.settings import ServerSettings
+from resumeq.core.errors import ConfigError
+from resumeq.core.names import JOB_ID_RE
+from resumeq.core.settings import ServerSettings
 
 VERSION = "rqf1"
 #: A secret shorter than this is refused at start (``openssl rand -hex 32`` makes 64).

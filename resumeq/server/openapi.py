@@ -2,8 +2,8 @@
 client and a fuzzer read. Every bound, pattern and enum the routes enforce is in it — the
 configured providers as the ``provider`` enum of a new job, ``[worker] queues`` as the
 ``queue`` enum, the ``[limits]`` as bounds — and every status a route answers, with
-problem+json. The patterns are the ones the code matches (:mod:`resumeq.spec_rules`,
-:mod:`resumeq.keys`), written once for both engines.
+problem+json. The patterns are the ones the code matches (:mod:`resumeq.core.spec_rules`,
+:mod:`resumeq.store.keys`), written once for both engines.
 
 Two rules of a job spec compare fields with each other, which JSON Schema cannot say: a
 ``floor_tokens`` under ``budget_tokens`` (or 1), and an ``idempotency_key`` in the body equal
@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from resumeq import keys, spec, spec_rules
-from resumeq.settings import Settings
-from resumeq.states import JobState
-from resumeq.store import QUEUE_PATTERN
+from resumeq.core import names, spec, spec_rules
+from resumeq.core.settings import Settings
+from resumeq.core.states import JobState
+from resumeq.store import QUEUE_PATTERN, keys
 
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
 JOB = {"$ref": "#/components/schemas/Job"}
@@ -89,7 +89,7 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True,
-           "schema": {"type": "string", "pattern": keys.JOB_ID_RE.pattern}}  # fmt: skip
+           "schema": {"type": "string", "pattern": names.JOB_ID_RE.pattern}}  # fmt: skip
 _JSON_JOB = {"description": "the job", "content": {"application/json": {"schema": JOB}}}
 
 
@@ -139,7 +139,7 @@ def document(settings: Settings) -> dict[str, Any]:
 
 
 def job_spec_schema(settings: Settings) -> dict[str, Any]:
-    """A job spec as ``POST /v1/jobs`` takes it: :class:`~resumeq.spec.JobSpec`'s fields
+    """A job spec as ``POST /v1/jobs`` takes it: :class:`~resumeq.core.spec.JobSpec`'s fields
     with the rules its validators apply, the configured providers and ``[limits]``."""
     limits = settings.file.limits
     fields = spec.JobSpec.model_fields

@@ -4,7 +4,7 @@
 ``{"state"}`` on every state change, and ``event: end`` ``{"state"}`` at a terminal state or
 a spill, after which the stream closes. A client that reconnects with ``Last-Event-ID`` (or
 ``?after=``) gets exactly the text it has not seen: the revisions and the events are the
-ones :class:`~resumeq.client.EventCursor` reads for ``Client.follow``.
+ones :class:`~resumeq.producer.client.EventCursor` reads for ``Client.follow``.
 
 Followers of one job share one feed per process (:class:`Hub`), and the feeds share a few
 blocking reads (:class:`Reader`, one for up to :data:`READER_JOBS` jobs): a thousand
@@ -31,13 +31,12 @@ import redis
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from resumeq import keys
-from resumeq.async_client import AsyncClient
-from resumeq.capabilities import Probe, is_refusal, refusal, warning
-from resumeq.client import EventCursor
-from resumeq.errors import RedisUnavailable
-from resumeq.models import JobRecord, JobState
-from resumeq.store import redis_errors
+from resumeq.core.errors import RedisUnavailable
+from resumeq.core.models import JobRecord, JobState
+from resumeq.producer.async_client import AsyncClient
+from resumeq.producer.client import EventCursor
+from resumeq.store import keys, redis_errors
+from resumeq.store.capabilities import Probe, is_refusal, refusal, warning
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +150,7 @@ class Feed:
 
 class Unblocking:
     """Whether this process's readers may cut a blocking read short (``CLIENT ID`` and
-    ``CLIENT UNBLOCK``, which a restricted Redis may refuse: :mod:`resumeq.capabilities`);
+    ``CLIENT UNBLOCK``, which a restricted Redis may refuse: :mod:`resumeq.store.capabilities`);
     shared by every reader, said once when it is found out."""
 
     def __init__(self, allowed: bool = True) -> None:
@@ -186,7 +185,7 @@ class Reader:
     A feed that joins while the read blocks unblocks it (``CLIENT UNBLOCK``: nothing is
     written to Redis), so that the next read includes it at once. A job quiet for
     :data:`PROBE_S` is probed (one pipelined HMGET for all of them), as
-    :class:`~resumeq.client.EventCursor` asks: a purged job ends its feed, a trimmed one is
+    :class:`~resumeq.producer.client.EventCursor` asks: a purged job ends its feed, a trimmed one is
     read from its snapshot. The task runs while the reader has feeds, and stops with the
     last one."""
 

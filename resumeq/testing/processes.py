@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from resumeq import heap
+from resumeq.worker import heap
 
 
 def toml_value(v: Any) -> str:
@@ -140,7 +140,7 @@ class Cluster:
         self, directory: Path, *, redis_url: str, config: Path, thread_caches_off: bool = True
     ) -> None:
         """``thread_caches_off``: start every process with glibc's thread caches off, as
-        ``resumeq worker`` starts itself again (:mod:`resumeq.heap`), which saves each
+        ``resumeq worker`` starts itself again (:mod:`resumeq.worker.heap`), which saves each
         worker that second start (some 0.8 s of CPU). Benchmarks pass False: their workers
         start exactly as a user's do."""
         self.directory = directory

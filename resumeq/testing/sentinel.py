@@ -24,7 +24,7 @@ from typing import Any
 
 import redis
 
-from resumeq import keys
+from resumeq.store import keys
 from resumeq.testing.redis_server import RedisServer, free_port
 
 SERVICE = "resumeq"

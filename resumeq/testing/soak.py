@@ -10,7 +10,7 @@ sentinels; :mod:`resumeq.testing.sentinel`) and each outage is a failover: the p
 SIGKILLed with its last writes not on the replica, the replica promoted.
 ``benchmarks/chaos.py`` runs the long version; the test suite runs a short one.
 
-The workers run with a failpoint armed (:mod:`resumeq.failpoints`): each worker process
+The workers run with a failpoint armed (:mod:`resumeq.core.failpoints`): each worker process
 arms one of the two, in turn (``ARMING_ORDER``), so that a worker that exits with 137 is
 known to have died at that point, with every stream it ran — right after an exit's commit
 (``after_commit``) or after carrying out an outbox entry but before marking it done
@@ -37,17 +37,17 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from resumeq import failpoints, keys
-from resumeq.client import Client
+from resumeq.core import failpoints
+from resumeq.core.models import holder_pid
 from resumeq.fake import FakeProvider, count_tokens
-from resumeq.hooks import idempotency_key
-from resumeq.models import holder_pid
-from resumeq.queueing import hook_rq_id, rq_queue
-from resumeq.store import Store, decode
+from resumeq.producer.client import Client
+from resumeq.queue.queueing import hook_rq_id, rq_queue
+from resumeq.store import Store, decode, keys
 from resumeq.testing.processes import Cluster, Proc, write_config
 from resumeq.testing.redis_server import RedisServer
 from resumeq.testing.sentinel import SentinelDeployment
 from resumeq.testing.soak_hooks import HOOK, HOOK_EFFECTS, HOOK_RUNS
+from resumeq.worker.hooks import idempotency_key
 
 TERMINAL = {"done", "failed", "cancelled", "abandoned", "dropped"}
 FAULT_KINDS = ("disconnect", "truncate", "malformed", "error_event", "stall", "status")

@@ -9,8 +9,8 @@ the soak's Redis (AOF, ``appendfsync always``).
 
 from __future__ import annotations
 
-from resumeq.context import context
-from resumeq.hooks import HookCall, hook
+from resumeq.worker.context import context
+from resumeq.worker.hooks import HookCall, hook
 
 #: The hook's name in the soak's job specs.
 HOOK = "soak-record"

@@ -11,10 +11,9 @@ from typing import Any
 
 from rq import Queue, Worker
 
-from resumeq import keys
-from resumeq.models import JobState
-from resumeq.ops import TOTAL_FIELDS, newest_before, stats, status_dict
-from resumeq.store import SPILL_QUEUE, Store, decode, redis_errors
+from resumeq.core.models import JobState
+from resumeq.producer.ops import TOTAL_FIELDS, newest_before, stats, status_dict
+from resumeq.store import SPILL_QUEUE, Store, decode, keys, redis_errors
 
 #: States whose jobs have an index of their own (the rest are found through every job's).
 LIVE = {

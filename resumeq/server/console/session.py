@@ -15,10 +15,9 @@ from dataclasses import dataclass
 
 import redis
 
-from resumeq import keys
+from resumeq.core.settings import Role
 from resumeq.server.auth import Principal
-from resumeq.settings import Role
-from resumeq.store import decode, redis_errors
+from resumeq.store import decode, keys, redis_errors
 
 COOKIE = "resumeq_console"
 #: A session unused this long is gone: the next page asks to log in again.

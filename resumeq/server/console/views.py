@@ -26,15 +26,16 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response, Stream
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from resumeq import audit, keys
-from resumeq.errors import (
+from resumeq.core import names
+from resumeq.core.errors import (
     InvalidTransition,
     JobNotFound,
     RedisUnavailable,
     ResumeqError,
     StaleRevision,
 )
-from resumeq.ops import (
+from resumeq.producer.enqueue import cancel_job
+from resumeq.producer.ops import (
     SPILL_SCAN_MAX,
     SpillFilter,
     drop_spilled,
@@ -43,11 +44,10 @@ from resumeq.ops import (
     spill_export_lines,
     spill_page,
 )
-from resumeq.producer import cancel_job
 from resumeq.server import sse
 from resumeq.server.console import data, session
 from resumeq.server.console.session import COOKIE, Session
-from resumeq.store import SPILL_QUEUE, check_queue
+from resumeq.store import SPILL_QUEUE, audit, check_queue
 
 HERE = Path(__file__).parent
 ENV = jinja2.Environment(
@@ -579,7 +579,7 @@ def _selected(form: FormData) -> list[str]:
         raise PageError(400, f"At most {BULK_MAX} jobs at once. Nothing was changed.")
     for job_id in ids:
         try:
-            keys.check_job_id(job_id)
+            names.check_job_id(job_id)
         except ValueError:
             raise PageError(400, f"{job_id[:80]!r} is not a job id. Nothing was changed.") from None
     return list(dict.fromkeys(ids))
@@ -595,7 +595,7 @@ def _get(store: Any, job_id: str) -> Any:
 def _job_id(request: Request) -> str:
     raw = str(request.path_params["job_id"])
     try:
-        return keys.check_job_id(raw)
+        return names.check_job_id(raw)
     except ValueError:
         raise PageError(404, f"No job {raw[:80]!r}: not a job id.") from None
 

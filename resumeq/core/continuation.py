@@ -1,0 +1,168 @@
+"""Building the request of an attempt: fresh, retry or continuation. Pure: no I/O.
+
+A continuation asks only for the rest: ``max_tokens = budget - spent`` and the stored
+prefix, placed where the profile's ``continue_mode`` says (SPEC §5):
+
+- ``prefill`` — a final assistant message holding the prefix (Anthropic, llama.cpp). For
+  Anthropic it is sent without trailing white space, which it refuses; what was trimmed is
+  remembered so the splice does not double it.
+- ``prefill_flag`` — the same message with ``prefix: true`` (Mistral, DeepSeek).
+- ``continue_final_message`` — the same message plus ``continue_final_message: true`` and
+  ``add_generation_prompt: false`` (vLLM; both, or vLLM opens a new turn).
+- ``instruction`` — no prefill (OpenAI Chat Completions, newer Claude models): one user
+  message asking to continue without repeating, with the unfinished text in a marked block.
+
+``resume_context`` decides how much input a continuation re-sends: ``full`` (the original
+messages) or ``tail:N`` (the system messages, the last user request, and only the last N
+tokens of the prefix).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from resumeq.core.settings import ProviderProfile
+from resumeq.core.spec import GenerationParams, JobSpec, Role
+
+#: The markers around the unfinished text in an ``instruction`` continuation.
+PARTIAL_OPEN = "<<<PARTIAL\n"
+PARTIAL_CLOSE = "\nPARTIAL>>>"
+
+INSTRUCTION = (
+    "Your previous answer was cut off. Continue it from exactly where it stops: do not "
+    "repeat any of it, add no preamble, and keep the same style. It ends with:\n"
+)
+
+#: ``reattach``: the rest of a background response read from the provider (no new request).
+AttemptKind = Literal["fresh", "retry", "resume", "reattach"]
+
+# Rough token pieces for choosing a tail: a word with its leading white space, or a run
+# of punctuation. Providers' tokenizers differ; a tail only needs to be about N tokens.
+_PIECE_RE = re.compile(r"\s*\w+|\s*[^\w\s]+|\s+")
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Literal["system", "user", "assistant"]
+    content: str
+    #: Mistral/DeepSeek's ``prefix: true`` on a final assistant message.
+    prefix: bool = False
+    #: Mark for the provider's prompt cache (Anthropic ``cache_control``).
+    cache: bool = False
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    """What an attempt sends, independent of the wire format."""
+
+    kind: AttemptKind
+    model: str
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int
+    params: GenerationParams = field(default_factory=GenerationParams)
+    #: Extra top-level body fields (vLLM's continue_final_message flags).
+    extra_body: dict[str, object] = field(default_factory=dict)
+    #: White space cut off the prefix's end before it was sent (restored at the splice).
+    trimmed: str = ""
+    #: Characters of stored prefix the request carries (the whole prefix, or its tail).
+    prefix_chars_sent: int = 0
+    #: The prefix text exactly as the request carries it (an engine may echo it back).
+    sent: str = ""
+    #: A reattach: the background response, and the last sequence number already stored.
+    response_id: str | None = None
+    after: int | None = None
+
+
+def tail_pieces(text: str, n: int) -> str:
+    """The last ``n`` token-like pieces of ``text`` (all of it if shorter)."""
+    if n <= 0:
+        return ""
+    starts = [m.start() for m in _PIECE_RE.finditer(text)]
+    if len(starts) <= n:
+        return text
+    return text[starts[-n] :]
+
+
+def _context(spec: JobSpec, profile: ProviderProfile) -> list[ChatMessage]:
+    """The original conversation, or its system messages and last user request."""
+    chat = spec.chat
+    if profile.tail_tokens is not None:
+        last_user = max(i for i, m in enumerate(chat) if m.role is Role.USER)
+        system = [m for m in chat[:last_user] if m.role is Role.SYSTEM]
+        chat = (*system, chat[last_user])
+    out = [ChatMessage(role=m.role.value, content=m.content) for m in chat]
+    if profile.cache_prompt and out:
+        # Mark the original conversation's last message: a continuation reads all of it
+        # from the cache instead of paying for it again.
+        out[-1] = ChatMessage(role=out[-1].role, content=out[-1].content, cache=True)
+    return out
+
+
+def plan_reattach(
+    spec: JobSpec, *, response_id: str, after: int, remaining_tokens: int
+) -> RequestPlan:
+    """Read the rest of background response ``response_id`` after event ``after``: nothing
+    is sent again, nothing new is bought."""
+    return RequestPlan(
+        kind="reattach",
+        model=spec.model,
+        messages=(),
+        max_tokens=remaining_tokens,
+        params=spec.params,
+        response_id=response_id,
+        after=after,
+    )
+
+
+def plan_request(
+    spec: JobSpec,
+    profile: ProviderProfile,
+    *,
+    prefix: str,
+    remaining_tokens: int,
+) -> RequestPlan:
+    """The request for the next attempt of a job whose stored prefix is ``prefix``.
+
+    No prefix: a fresh request (or a retry of it). A prefix: a continuation — never the
+    original request again, which would buy the prefix a second time.
+    """
+    if remaining_tokens <= 0:
+        raise ValueError(f"remaining_tokens must be > 0, got {remaining_tokens}")
+    context = _context(spec, profile)
+    if not prefix:
+        return RequestPlan(
+            kind="fresh",
+            model=spec.model,
+            messages=tuple(context),
+            max_tokens=remaining_tokens,
+            params=spec.params,
+        )
+    tail = prefix if profile.tail_tokens is None else tail_pieces(prefix, profile.tail_tokens)
+    mode = profile.continue_mode
+    extra: dict[str, object] = {}
+    trimmed = ""
+    sent = tail
+    if mode == "instruction":
+        block = f"{INSTRUCTION}{PARTIAL_OPEN}{tail}{PARTIAL_CLOSE}"
+        added = ChatMessage(role="user", content=block)
+    else:
+        sent = tail
+        if profile.kind == "anthropic":
+            sent = tail.rstrip()
+            trimmed = tail[len(sent) :]
+        added = ChatMessage(role="assistant", content=sent, prefix=mode == "prefill_flag")
+        if mode == "continue_final_message":
+            extra = {"continue_final_message": True, "add_generation_prompt": False}
+    return RequestPlan(
+        kind="resume",
+        model=spec.model,
+        messages=(*context, added),
+        max_tokens=remaining_tokens,
+        params=spec.params,
+        extra_body=extra,
+        trimmed=trimmed,
+        prefix_chars_sent=len(tail),
+        sent=sent,
+    )

@@ -1,0 +1,399 @@
+"""What a producer submits: the JobSpec and its limits (the rules they validate with,
+the patterns, and the canonical prompt hash are :mod:`resumeq.core.spec_rules`).
+
+A spec names a provider *profile* (configured on the workers, where the API keys live),
+never a URL, a header or a key: a producer must not be able to point workers at an
+arbitrary host. Every field that is a short identifier is checked for things that look
+like a URL or a credential and refused with a message that names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from resumeq.core.defaults import LIMIT_DEFAULTS, LimitDefaults
+from resumeq.core.errors import FieldError, InvalidSpec
+from resumeq.core.spec_rules import (
+    DEFAULT_FLOOR_TOKENS,
+    NAME_RE,
+    check_budget,
+    check_floor,
+    check_idempotency_key,
+    check_model,
+    check_prompt,
+    check_provider,
+    default_floor,
+    json_boolean,
+    json_integer,
+    json_number,
+    prompt_hash,
+    refuse_url_or_secret,
+)
+
+#: Integer, number and boolean fields of a job spec, as strict as JSON is.
+JsonInt = Annotated[int, BeforeValidator(json_integer)]
+JsonFloat = Annotated[float, BeforeValidator(json_number)]
+JsonBool = Annotated[bool, BeforeValidator(json_boolean)]
+
+
+class Limits(BaseModel):
+    """Size limits a spec must respect; configured on the producer and worker side."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_messages: int = Field(default=LIMIT_DEFAULTS.max_messages, gt=0)
+    max_prompt_bytes: int = Field(default=LIMIT_DEFAULTS.max_prompt_bytes, gt=0)
+    max_budget_tokens: int = Field(default=LIMIT_DEFAULTS.max_budget_tokens, gt=0)
+    max_metadata_bytes: int = Field(default=LIMIT_DEFAULTS.max_metadata_bytes, gt=0)
+    max_hooks: int = Field(default=LIMIT_DEFAULTS.max_hooks, ge=0)
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def _limits(info: ValidationInfo) -> Limits:
+    ctx = info.context
+    if isinstance(ctx, Mapping):
+        limits = ctx.get("limits")
+        if isinstance(limits, Limits):
+            return limits
+    return DEFAULT_LIMITS
+
+
+class Role(StrEnum):
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+class Message(BaseModel):
+    """One chat message with text content."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Role = Field(description="Who speaks: `system`, `user` or `assistant`.")
+    content: str = Field(description="The message's text.")
+
+
+class GenerationParams(BaseModel):
+    """Sampling parameters that change the answer, and so the prompt hash."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    temperature: JsonFloat | None = Field(
+        default=None, ge=0.0, le=2.0, description="The sampling temperature sent to the provider."
+    )
+    top_p: JsonFloat | None = Field(
+        default=None, gt=0.0, le=1.0, description="Nucleus sampling's probability mass."
+    )
+    stop: tuple[str, ...] | None = Field(
+        default=None,
+        max_length=4,
+        description="Sequences at which the provider stops the answer.",
+    )
+    seed: JsonInt | None = Field(
+        default=None,
+        ge=0,
+        le=2**63 - 1,
+        description="A sampling seed, for providers that take one.",
+    )
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_sequences(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is not None and any(not s or len(s) > 64 for s in v):
+            raise ValueError("each stop sequence must be 1 to 64 characters")
+        return v
+
+
+class ExitPolicy(BaseModel):
+    """The exit chosen before the call: what a cut leads to."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    on_cut: Literal["resume", "abandon", "spill"] = Field(
+        default="resume",
+        description="What a cut that leaves output behind leads to: `resume` continues from "
+        "the stored text; `abandon` takes the job's exit at once; `spill` spills it at once, "
+        "droppable or not.",
+    )
+    droppable: JsonBool = Field(
+        default=False,
+        description="A droppable job that cannot go on is abandoned (its partial text kept); "
+        "one that is not is spilled for a person, once.",
+    )
+    max_attempts: JsonInt = Field(
+        default=5,
+        ge=1,
+        le=50,
+        description="After an attempt that delivered output, the job takes its exit once it "
+        "has had this many attempts (attempts that deliver nothing are bounded by `[worker] "
+        "retry_window_s` instead).",
+    )
+
+
+class JobSpec(BaseModel):
+    """One generation request, validated at enqueue.
+
+    Give either ``messages`` or ``prompt`` (a single user message). Unknown fields are
+    refused, so a ``base_url``, ``api_key`` or ``headers`` field can never slip through.
+    Limits come from the validation context (``context={"limits": Limits(...)}``), else
+    the defaults.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    messages: tuple[Message, ...] | None = Field(
+        default=None,
+        description="The conversation, with at least one user message. Give this or `prompt`.",
+    )
+    prompt: str | None = Field(
+        default=None,
+        validate_default=True,
+        description="The text of a single user message. Give this or `messages`.",
+    )
+    provider: str = Field(
+        description="The name of a provider profile configured on the workers "
+        "(`[providers.NAME]`); never a URL or a key."
+    )
+    model: str = Field(description="The model name sent to the provider.")
+    budget_tokens: JsonInt = Field(
+        gt=0,
+        description="The most output tokens the job may consume, all attempts together "
+        "(reasoning tokens included).",
+    )
+    #: The smallest remaining budget worth a continuation (SPEC §4): a cut job with less
+    #: left takes its exit instead. ``1 <= floor_tokens < budget_tokens``, except that a
+    #: floor of 1 fits every budget: it is no floor at all (any budget left is worth
+    #: resuming), the only floor a budget of 1 can have. Not given, it is
+    #: :func:`default_floor` of the budget (32, or half a smaller budget): a default never
+    #: makes a request invalid, and an error about the floor means the caller set it.
+    floor_tokens: JsonInt = Field(
+        default=DEFAULT_FLOOR_TOKENS,
+        ge=1,
+        validate_default=True,
+        description="The smallest remaining budget worth a continuation: a cut job with less "
+        "left takes its exit instead. Less than `budget_tokens`, or 1 (no floor).",
+    )
+    params: GenerationParams = Field(
+        default=GenerationParams(),
+        description="Sampling parameters; they are part of the prompt hash.",
+    )
+    exit: ExitPolicy = Field(
+        default=ExitPolicy(), description="The exit, chosen before the call: what a cut leads to."
+    )
+    idempotency_key: str | None = Field(
+        default=None, description="Enqueueing again with the same key returns the same job."
+    )
+    require_exact_counts: JsonBool = Field(
+        default=False,
+        description="Never continue on an estimated count: a job whose output tokens were "
+        "estimated takes its exit instead of a continuation.",
+    )
+    byte_exact: JsonBool = Field(
+        default=False,
+        description="The answer must be one sampling, byte for byte: a cut that leaves output "
+        "is never continued with a new request (a continuation is a new draw); the job takes "
+        "its exit.",
+    )
+    metadata: dict[str, JsonValue] = Field(
+        default_factory=dict,
+        validate_default=True,
+        description="Plain JSON kept with the job and shown with it; never sent to the provider.",
+    )
+    hooks: tuple[str, ...] = Field(
+        default=(),
+        description="Names of after-completion hooks registered on the workers, run when the "
+        "job ends `done`.",
+    )
+
+    @field_validator("messages")
+    @classmethod
+    def _check_messages(
+        cls, v: tuple[Message, ...] | None, info: ValidationInfo
+    ) -> tuple[Message, ...] | None:
+        if v is None:
+            return v
+        limits = _limits(info)
+        if not v:
+            raise ValueError("must hold at least one message")
+        if len(v) > limits.max_messages:
+            raise ValueError(f"at most {limits.max_messages} messages, got {len(v)}")
+        if not any(m.role is Role.USER for m in v):
+            raise ValueError("must hold at least one user message")
+        size = sum(len(m.content.encode("utf-8")) for m in v)
+        if size > limits.max_prompt_bytes:
+            limit = limits.max_prompt_bytes
+            raise ValueError(f"content is {size} bytes, over the limit of {limit}")
+        return v
+
+    @field_validator("prompt")
+    @classmethod
+    def _check_prompt(cls, v: str | None, info: ValidationInfo) -> str | None:
+        # A field that failed its own validation is absent from info.data: say nothing more.
+        has_messages = info.data.get("messages") is not None
+        if v is None:
+            if "messages" in info.data and not has_messages:
+                raise ValueError("give either messages or prompt")
+            return v
+        if has_messages:
+            raise ValueError("give either messages or prompt, not both")
+        return check_prompt(v, _limits(info).max_prompt_bytes)
+
+    @field_validator("provider")
+    @classmethod
+    def _check_provider(cls, v: str) -> str:
+        return check_provider(v)
+
+    @field_validator("model")
+    @classmethod
+    def _check_model(cls, v: str) -> str:
+        return check_model(v)
+
+    @field_validator("budget_tokens")
+    @classmethod
+    def _check_budget(cls, v: int, info: ValidationInfo) -> int:
+        return check_budget(v, _limits(info).max_budget_tokens)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_floor(cls, data: Any) -> Any:
+        """No floor given: derive it from the budget, read as pydantic will read it (an
+        unreadable budget is reported as such, and the floor then checked against none)."""
+        if not isinstance(data, Mapping) or "floor_tokens" in data:
+            return data
+        try:
+            budget = json_integer(data.get("budget_tokens"))
+        except ValueError:
+            return data
+        if not isinstance(budget, int):
+            return data
+        return {**data, "floor_tokens": default_floor(budget)} if budget > 0 else data
+
+    @field_validator("floor_tokens")
+    @classmethod
+    def _check_floor(cls, v: int, info: ValidationInfo) -> int:
+        return check_floor(v, info.data.get("budget_tokens"))
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _check_idempotency_key(cls, v: str | None) -> str | None:
+        return v if v is None else check_idempotency_key(v)
+
+    @field_validator("metadata")
+    @classmethod
+    def _check_metadata(cls, v: dict[str, JsonValue], info: ValidationInfo) -> dict[str, JsonValue]:
+        limit = _limits(info).max_metadata_bytes
+        size = len(json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+        if size > limit:
+            raise ValueError(f"is {size} bytes as JSON, over the limit of {limit}")
+        for key in v:
+            if not key or len(key) > 64:
+                raise ValueError(f"key {key[:70]!r} must be 1 to 64 characters")
+        for s in _strings(v):
+            refuse_url_or_secret(s, "plain data")
+        return v
+
+    @field_validator("hooks")
+    @classmethod
+    def _check_hooks(cls, v: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        limit = _limits(info).max_hooks
+        if len(v) > limit:
+            raise ValueError(f"at most {limit} hooks, got {len(v)}")
+        for name in v:
+            refuse_url_or_secret(name, "the name of a hook registered on the workers")
+            if not NAME_RE.fullmatch(name):
+                raise ValueError(f"hook name {name[:70]!r} must match {NAME_RE.pattern}")
+        if len(set(v)) != len(v):
+            raise ValueError("names a hook twice")
+        return v
+
+    @property
+    def chat(self) -> tuple[Message, ...]:
+        """The messages, with ``prompt`` turned into one user message."""
+        if self.messages is not None:
+            return self.messages
+        assert self.prompt is not None  # the validators guarantee one of them
+        return (Message(role=Role.USER, content=self.prompt),)
+
+    def prompt_hash(self) -> str:
+        """SHA-256 over a canonical JSON of what determines the answer.
+
+        Provider, model, messages (``prompt`` and its one-message form hash the same) and
+        generation parameters; not the budget, the exit policy or the metadata. A
+        continuation whose spec hashes differently is refused: a cursor is never spliced
+        onto an edited prompt.
+        """
+        return prompt_hash(
+            self.provider,
+            self.model,
+            [{"role": m.role.value, "content": m.content} for m in self.chat],
+            self.params.model_dump(mode="json", exclude_none=True),
+        )
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_defaults=True)
+
+
+def _strings(value: JsonValue) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, item in value.items() for s in [k, *_strings(item)]]
+    if isinstance(value, list):
+        return [s for item in value for s in _strings(item)]
+    return []
+
+
+def parse_spec(
+    data: JobSpec | Mapping[str, Any], *, limits: Limits | LimitDefaults | None = None
+) -> JobSpec:
+    """Validate ``data`` into a JobSpec, or raise :class:`InvalidSpec` naming each field.
+
+    A JobSpec already built is validated again against ``limits`` (which may be tighter
+    than the defaults it was built with); plain limits (a config file's digest,
+    :mod:`resumeq.core.config_digest`) are taken as the model's.
+    """
+    raw: Any = data.model_dump(exclude_defaults=True) if isinstance(data, JobSpec) else data
+    if not isinstance(raw, Mapping):
+        raise InvalidSpec([FieldError("spec", f"must be an object, got {type(raw).__name__}")])
+    if isinstance(limits, LimitDefaults):
+        limits = Limits(**dataclasses.asdict(limits))
+    try:
+        return JobSpec.model_validate(raw, context={"limits": limits or DEFAULT_LIMITS})
+    except ValidationError as exc:
+        raise InvalidSpec(_field_errors(exc)) from None
+
+
+def parse_spec_json(blob: str | bytes, *, limits: Limits | LimitDefaults | None = None) -> JobSpec:
+    """Like :func:`parse_spec`, from JSON text."""
+    try:
+        data = json.loads(blob)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidSpec([FieldError("spec", f"is not valid JSON: {exc}")]) from None
+    return parse_spec(data, limits=limits)
+
+
+def _field_errors(exc: ValidationError) -> list[FieldError]:
+    out = []
+    for err in exc.errors(include_url=False, include_input=False):
+        loc = ".".join(str(p) for p in err["loc"]) or "spec"
+        msg = err["msg"].removeprefix("Value error, ")
+        out.append(FieldError(loc, msg))
+    return out

@@ -1,0 +1,2 @@
+"""The janitor: finds jobs whose worker died and applies their exit, carries out follow-ups
+nobody finished, promotes due attempts and keeps RQ's registries clean (SPEC §17)."""

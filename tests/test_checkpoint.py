@@ -102,7 +102,8 @@ def test_the_cursor_never_goes_down(real_store: Store) -> None:
     # The script refuses it too, whoever calls it, and writes nothing.
     job = got.record.id
     job_keys = [keys.job(job), keys.text(job), keys.lease(job), keys.events(job), keys.LEASES]
-    status, *_ = real_store._run("flush", job_keys, [got.lease.token, 2, "x", -1, "1", 0], job)
+    args = [got.lease.token, 2, "x", -1, "1", 0]
+    status, *_ = real_store.transport.run("flush", job_keys, args, job)
     assert status == "bad_argument"
     record = real_store.get(job)
     assert record.spent_output_tokens == 2 and record.revision == 2

@@ -38,7 +38,8 @@ NEVER = ("httpx", "httpcore", "starlette", "jinja2", "uvicorn", "resumeq.server"
          "resumeq.docs", "pydantic", "resumeq.core.spec", "resumeq.core.settings",
          "resumeq.core.ledger")  # fmt: skip
 #: What ``--version`` and ``--help`` never need, besides.
-NOT_TO_START = (*NEVER, "redis", "rq", "pydantic", "resumeq.store.facade", "resumeq.core.settings")
+NOT_TO_START = (*NEVER, "redis", "rq", "pydantic", "resumeq.store.facade",
+                "resumeq.store.transport", "resumeq.core.settings")  # fmt: skip
 
 _IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)\s*$")
 

@@ -33,7 +33,7 @@ class Requests:
 @pytest.fixture
 def requests(monkeypatch: pytest.MonkeyPatch) -> Requests:
     ids = Requests()
-    monkeypatch.setattr("resumeq.store.facade.request_id", ids)
+    monkeypatch.setattr("resumeq.store.transport.request_id", ids)
     return ids
 
 

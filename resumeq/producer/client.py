@@ -26,7 +26,7 @@ from resumeq.core.errors import InvalidTransition, JobNotFound, StoreError
 from resumeq.core.models import TERMINAL_STATES, JobRecord, JobState
 from resumeq.producer.enqueue import cancel_job, enqueue_job
 from resumeq.store import DEFAULT_QUEUE, Store, decode, keys, redis_errors
-from resumeq.store.facade import _record
+from resumeq.store.codec import job_record
 
 if TYPE_CHECKING:
     from resumeq.core.defaults import LimitDefaults, StoreDefaults
@@ -96,7 +96,7 @@ def record_of(job_id: str, fields: Mapping[Any, Any]) -> JobRecord:
     :class:`~resumeq.core.errors.JobNotFound` when it is empty."""
     if not fields:
         raise JobNotFound(f"no job {job_id}", job_id=job_id)
-    return _record(job_id, {decode(k): decode(v) for k, v in fields.items()})
+    return job_record(job_id, {decode(k): decode(v) for k, v in fields.items()})
 
 
 def is_resting(record: JobRecord) -> bool:

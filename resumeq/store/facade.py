@@ -277,8 +277,9 @@ class Store:
         ]
         status, *rest = self._run("create", job_keys, args, job_id, tries=WRITE_TRIES)
         bound_id = _s(rest[0])
-        if status == "created":
-            return CreateResult(id=bound_id, created=True)
+        if status == "created":  # with its first attempt's outbox entry, unless sent again
+            follow_up = _s(rest[1]) if len(rest) > 1 else None
+            return CreateResult(id=bound_id, created=True, follow_up=follow_up)
         if status == "exists":
             return CreateResult(id=bound_id, created=False)
         if status == "idempotency_conflict":

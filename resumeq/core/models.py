@@ -270,6 +270,10 @@ class CreateResult:
     id: str
     #: False when an idempotency key returned a job created earlier.
     created: bool
+    #: The outbox entry of a new job's first attempt (``<queue>|<attempt>|<due ms>``), as
+    #: the create wrote it, for its committer to carry out at once; None when the create
+    #: answered a job that existed, or was sent again (:mod:`resumeq.queue.outbox`).
+    follow_up: str | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

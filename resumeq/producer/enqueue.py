@@ -3,7 +3,9 @@ outbox; then the attempt's RQ job.
 
 RQ's classes load only where an RQ job is in a state they must judge: an attempt's RQ job
 is written, and one that waits is deleted, by resumeq's scripts
-(:mod:`resumeq.queue.attempt_jobs`)."""
+(:mod:`resumeq.queue.attempt_jobs`). A new job takes two round trips and nothing of the
+outbox's or the hooks' machinery: the create script answers the entry it wrote, and the
+script that writes the attempt's RQ job marks that entry done."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ import redis
 
 from resumeq.core.errors import JobNotFound
 from resumeq.core.models import CreateResult
-from resumeq.queue.attempt_jobs import discard_waiting
+from resumeq.queue import attempt_jobs, outbox
+from resumeq.queue.attempt_jobs import DueAttempt, discard_waiting
 from resumeq.store import DEFAULT_QUEUE, Store
 
 if TYPE_CHECKING:
@@ -36,10 +39,15 @@ def enqueue_job(
     attempt was enqueued). If the process dies between the two steps, the janitor carries
     the outbox out.
     """
-    from resumeq.queue import outbox  # noqa: PLC0415
-
     result = store.create(spec, queue=queue, owner=owner, request_hash=request_hash)
-    outbox.complete(store, connection, result.id)
+    if result.follow_up is None:
+        # A job that existed (an idempotency key), or a create sent again: its attempt may
+        # have been enqueued since, or wait on another queue. The outbox looks first.
+        outbox.complete(store, connection, result.id)
+        return result
+    # A job created by this very call: no RQ job of it can wait anywhere yet.
+    first = DueAttempt.of_entry(result.id, result.follow_up)
+    attempt_jobs.write(connection, first, entry=result.follow_up)
     return result
 
 

@@ -77,6 +77,13 @@ class DueAttempt:
     attempt: int
     due_ms: int = 0
 
+    @classmethod
+    def of_entry(cls, job_id: str, entry: str) -> DueAttempt:
+        """The attempt an outbox entry ``<queue>|<attempt>|<due ms>`` asks for (a malformed
+        one is a ValueError)."""
+        queue, attempt, due = entry.split("|")
+        return cls(job_id, queue, int(attempt), int(due))
+
 
 def rq_fields(item: DueAttempt, now: datetime | None = None) -> list[str | bytes]:
     """The attempt's RQ job hash, as RQ 3 writes a queued job (``Job.to_dict`` of
@@ -133,20 +140,28 @@ def _fresh_nudge() -> None:
 os.register_at_fork(after_in_child=_fresh_nudge)
 
 
-def write(client: redis.Redis | Pipeline, item: DueAttempt) -> Any:
+def write(client: redis.Redis | Pipeline, item: DueAttempt, *, entry: str | None = None) -> Any:
     """The one script that writes an attempt's RQ job on ``client``, once: onto its queue
     if it is due (Redis's clock), else into the due-time index. A job's later attempts go
     to the front of its queue (the spill lane excepted): its answer is under way, and the
     provider's cache still holds its prompt. Answers 1 when written, 0 when that RQ job
-    exists already (on a pipeline: in its reply). A malformed queue name is a ValueError."""
+    exists already (on a pipeline: in its reply). A malformed queue name is a ValueError.
+
+    With ``entry``, the job's outbox entry that asked for the attempt, the same script
+    marks it done if it is still that entry, written now or before: carried out either way
+    (what :meth:`~resumeq.store.Store.outbox_done` does, in the same round trip)."""
     queue = rq_queue_key(check_queue(item.queue))
     rq_id = attempt_rq_id(item.job_id, item.attempt)
     # The spill lane stays first in, first out: a person, or a reserved pool, drains it.
     at_front = item.attempt > 1 and item.queue != SPILL_QUEUE
     side = "L" if at_front else "R"
+    rq_keys = [rq_job_key(rq_id), queue, keys.DUE, RQ_QUEUES, keys.DUE_WAKE]
+    if entry is not None:
+        rq_keys += [keys.outbox(item.job_id), keys.OUTBOX]
+    due = max(0, int(item.due_ms))
     answer = _ENQUEUE(
-        keys=[rq_job_key(rq_id), queue, keys.DUE, RQ_QUEUES, keys.DUE_WAKE],
-        args=[rq_id, -1, max(0, int(item.due_ms)), side, queue, *rq_fields(item)],
+        keys=rq_keys,
+        args=[rq_id, -1, due, side, queue, item.job_id, entry or "", *rq_fields(item)],
         client=client,
     )
     if item.due_ms:

@@ -8,11 +8,12 @@ once, or a janitor for anything a dead process left. Carrying an entry out twice
 harmless — an attempt's and a hook's RQ job ids are unique — so a crash at any point
 between a commit and its follow-up loses nothing and runs nothing twice.
 
-An ``attempt`` entry is removed once its RQ job is enqueued. A ``hook`` entry stays until
-the hook has run (the run records it): a hook whose worker died while it ran — its lease
-lapsed, its RQ job started long ago or abandoned — is enqueued again, up to
-``HOOK_REENQUEUES`` times (:mod:`resumeq.queue.outbox_hooks`). A hook that raised is left to
-RQ's failed registry.
+An ``attempt`` entry is removed once its RQ job is enqueued (a new job's by the script that
+writes that RQ job, given the entry: :func:`resumeq.queue.attempt_jobs.write`, without this
+module). A ``hook`` entry stays until the hook has run (the run records it): a hook whose
+worker died while it ran — its lease lapsed, its RQ job started long ago or abandoned — is
+enqueued again, up to ``HOOK_REENQUEUES`` times (:mod:`resumeq.queue.outbox_hooks`). A hook
+that raised is left to RQ's failed registry.
 
 An attempt is enqueued without loading RQ (:mod:`resumeq.queue.attempt_jobs`): RQ loads here only
 to follow a hook, to delete an attempt's RQ job that waits elsewhere, or for a janitor's
@@ -23,32 +24,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import redis
 
 from resumeq.core import failpoints
 from resumeq.core.errors import RedisUnavailable
 from resumeq.queue import attempt_jobs
-from resumeq.queue.attempt_jobs import DueAttempt, enqueue_attempt
+from resumeq.queue.attempt_jobs import DueAttempt
 from resumeq.store import Store, redis_errors
 
 log = logging.getLogger(__name__)
 
 #: A janitor leaves an entry this long to the process that committed it.
 JANITOR_GRACE_MS = 2_000
-
-
-@dataclass(frozen=True)
-class AttemptEntry:
-    queue: str
-    attempt: int
-    due_ms: int
-
-    @classmethod
-    def parse(cls, raw: str) -> AttemptEntry:
-        queue, attempt, due = raw.split("|")
-        return cls(queue, int(attempt), int(due))
 
 
 def complete(store: Store, connection: redis.Redis, job_id: str) -> int:
@@ -59,14 +47,12 @@ def complete(store: Store, connection: redis.Redis, job_id: str) -> int:
         store.outbox_prune(job_id)
     for field, raw in entries.items():
         if field == "attempt":
-            entry = AttemptEntry.parse(raw)
+            entry = DueAttempt.of_entry(job_id, raw)
             if attempt_jobs.waiting_elsewhere(connection, job_id, entry.attempt, entry.queue):
                 from resumeq.queue.queueing import discard_attempt  # noqa: PLC0415
 
                 discard_attempt(connection, job_id, entry.attempt)
-            enqueue_attempt(
-                connection, job_id, queue=entry.queue, attempt=entry.attempt, due_ms=entry.due_ms
-            )
+            attempt_jobs.write(connection, entry)
         elif field.startswith("hook:"):
             from resumeq.queue.outbox_hooks import follow_hook  # noqa: PLC0415
 
@@ -111,7 +97,7 @@ class _Batch:
         self.job_ids = job_ids
         self.done = [0] * len(job_ids)
         self.failed: dict[int, Exception] = {}
-        self.due: list[tuple[int, str, AttemptEntry]] = []
+        self.due: list[tuple[int, str, DueAttempt]] = []
         self.marks: list[tuple[int, Callable[[Store], object], bool]] = []
 
     def sort(
@@ -125,7 +111,7 @@ class _Batch:
         for field, raw in entries.items():
             if field == "attempt":
                 try:
-                    self.due.append((index, raw, AttemptEntry.parse(raw)))
+                    self.due.append((index, raw, DueAttempt.of_entry(job_id, raw)))
                 except ValueError as exc:
                     self.failed[index] = exc
                     return
@@ -150,19 +136,15 @@ class _Batch:
             return
         from resumeq.queue.queueing import enqueue_attempts  # noqa: PLC0415
 
-        ids = [self.job_ids[index] for index, _, _ in self.due]
-        _discard_elsewhere(connection, [(i, e) for i, (_, _, e) in zip(ids, self.due, strict=True)])
-        attempts = [
-            DueAttempt(job_id, e.queue, e.attempt, e.due_ms)
-            for job_id, (_, _, e) in zip(ids, self.due, strict=True)
-        ]
-        for job_id, (index, raw, _), result in zip(
-            ids, self.due, enqueue_attempts(connection, attempts), strict=True
+        attempts = [entry for _, _, entry in self.due]
+        _discard_elsewhere(connection, attempts)
+        for (index, raw, entry), result in zip(
+            self.due, enqueue_attempts(connection, attempts), strict=True
         ):
             if isinstance(result, Exception):
                 self.failed[index] = result
             else:
-                self.marks.append((index, _marker(job_id, raw), True))
+                self.marks.append((index, _marker(entry.job_id, raw), True))
         failpoints.hit("after_follow_up")
 
 
@@ -170,7 +152,7 @@ def _marker(job_id: str, raw: str) -> Callable[[Store], object]:
     return lambda store: store.outbox_done(job_id, "attempt", raw)
 
 
-def _discard_elsewhere(connection: redis.Redis, due: Sequence[tuple[str, AttemptEntry]]) -> None:
+def _discard_elsewhere(connection: redis.Redis, due: Sequence[DueAttempt]) -> None:
     """What :func:`complete` does with an attempt's RQ job waiting on another queue, for
     many attempts: their RQ jobs read in one round trip; the few waiting on another queue
     deleted one by one."""
@@ -178,9 +160,9 @@ def _discard_elsewhere(connection: redis.Redis, due: Sequence[tuple[str, Attempt
 
     from resumeq.queue.queueing import discard_attempt, fetch_attempts  # noqa: PLC0415
 
-    jobs = fetch_attempts(connection, [(job_id, entry.attempt) for job_id, entry in due])
-    for (job_id, entry), job in zip(due, jobs, strict=True):
+    jobs = fetch_attempts(connection, [(entry.job_id, entry.attempt) for entry in due])
+    for entry, job in zip(due, jobs, strict=True):
         if job is None or job.origin == entry.queue:
             continue
         if job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.SCHEDULED):
-            discard_attempt(connection, job_id, entry.attempt)
+            discard_attempt(connection, entry.job_id, entry.attempt)

@@ -109,8 +109,9 @@ class Jobs:
         ]
         status, *rest = self.transport.run("create", job_keys, args, job_id, tries=WRITE_TRIES)
         bound_id = decode(rest[0])
-        if status == "created":
-            return CreateResult(id=bound_id, created=True)
+        if status == "created":  # with its first attempt's outbox entry, unless sent again
+            follow_up = decode(rest[1]) if len(rest) > 1 else None
+            return CreateResult(id=bound_id, created=True, follow_up=follow_up)
         if status == "exists":
             return CreateResult(id=bound_id, created=False)
         if status == "idempotency_conflict":

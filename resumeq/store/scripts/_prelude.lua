@@ -189,10 +189,12 @@ end
 
 -- The job's next attempt goes into its outbox, due at ``due`` (ms, this clock); the job
 -- keeps the due time, which the attempt's ledger record reports (``due_ms``: from it to
--- the attempt's start is the time it waited for a worker).
+-- the attempt's start is the time it waited for a worker). Answers the entry.
 local function next_attempt_due(job, outbox, pending, id, queue, attempt, due, now)
   redis.call('HSET', job, 'due_ms', fmt(due))
-  outbox_add(outbox, pending, id, 'attempt', queue .. '|' .. attempt .. '|' .. fmt(due), now)
+  local entry = queue .. '|' .. attempt .. '|' .. fmt(due)
+  outbox_add(outbox, pending, id, 'attempt', entry, now)
+  return entry
 end
 
 local function outbox_clear(outbox, pending, id)

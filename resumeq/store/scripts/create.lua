@@ -9,7 +9,10 @@
 --   service's producers see only the jobs they created)
 -- ARGV[10] a hash of the request that created it ('' for none: what the HTTP service
 --   compares a repeated Idempotency-Key's body with, whatever became of the job since)
--- Answers: {'created', id} | {'exists', id} | {'idempotency_conflict', id} | {'id_taken', id}
+-- Answers: {'created', id, the outbox entry of its first attempt (its committer carries it
+--   out at once)} | {'created', id} (a re-send of a create that was applied: what became of
+--   its entry since is not known here) | {'exists', id} | {'idempotency_conflict', id} |
+--   {'id_taken', id}
 local job, queued, outbox, pending, totals = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local all_jobs, idem = KEYS[6], KEYS[7]
 local id, hash, queue = ARGV[1], ARGV[3], ARGV[6]
@@ -49,10 +52,10 @@ end
 redis.call('ZADD', queued, fmt(now), id)
 redis.call('ZADD', all_jobs, fmt(now), id)
 redis.call('HINCRBY', totals, 'jobs:created', 1)
-next_attempt_due(job, outbox, pending, id, queue, '1', now, now)
+local first = next_attempt_due(job, outbox, pending, id, queue, '1', now, now)
 if idem then
   -- No TTL while the job lives: the key expires with the job (see retire_idempotency).
   redis.call('SET', idem, id .. ':' .. hash)
   redis.call('HSET', job, 'idempotency_key', ARGV[7])
 end
-return { 'created', id }
+return { 'created', id, first }

@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from starlette.responses import JSONResponse
 
 PROBLEM_JSON = "application/problem+json"
+#: A Redis outage: try again this soon.
+RETRY_AFTER_S = "1"
 
 _TITLES = {
     400: "Bad Request",

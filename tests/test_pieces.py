@@ -7,7 +7,7 @@ import sys
 from hypothesis import given
 from hypothesis import strategies as st
 
-from resumeq.worker.attempt import Pieces
+from resumeq.worker.call import Pieces
 
 
 @given(st.lists(st.text(max_size=12), max_size=400))

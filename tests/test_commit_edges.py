@@ -162,7 +162,7 @@ def test_a_half_moved_scheduled_attempt_is_repaired(
     assert attempt_pending(real_store.redis, job_id, 1)
     real_store.redis.zrem(keys.DUE, attempt_rq_id(job_id, 1))
     assert not attempt_pending(real_store.redis, job_id, 1)
-    monkeypatch.setattr("resumeq.janitor.sweep.VANISHED_GRACE_MS", 0)
+    monkeypatch.setattr("resumeq.janitor.queues.VANISHED_GRACE_MS", 0)
     settings = Settings(redis_url=redis_server.url, file=ConfigFile(worker=WorkerSettings()))
     ctx = build_context(settings)
     try:

@@ -90,7 +90,7 @@ def test_a_queued_job_whose_rq_job_vanished_is_enqueued_again(
     store = janitor.store
     job_id = enqueue_job(store, store.redis, SPEC).id
     rq_queue("resumeq", store.redis).fetch_job(attempt_rq_id(job_id, 1)).delete()  # type: ignore[union-attr]
-    monkeypatch.setattr("resumeq.janitor.sweep.VANISHED_GRACE_MS", 0)
+    monkeypatch.setattr("resumeq.janitor.queues.VANISHED_GRACE_MS", 0)
     report = janitor.sweep()
     assert report.requeued == [job_id]
     assert rq_queue("resumeq", store.redis).fetch_job(attempt_rq_id(job_id, 1)) is not None
@@ -126,7 +126,7 @@ def test_a_half_deleted_job_leaves_the_indexes(
     store = janitor.store
     job_id = store.create(SPEC).id
     store.redis.delete(keys.job(job_id))
-    monkeypatch.setattr("resumeq.janitor.sweep.VANISHED_GRACE_MS", 0)
+    monkeypatch.setattr("resumeq.janitor.queues.VANISHED_GRACE_MS", 0)
     janitor.sweep()
     assert store.redis.zscore(keys.QUEUED, job_id) is None
 
@@ -138,7 +138,7 @@ def test_an_attempt_dequeued_by_a_dead_worker_is_enqueued_again(
     job_id = enqueue_job(store, store.redis, SPEC).id
     queue = rq_queue("resumeq", store.redis)
     assert store.redis.lpop(queue.key) == attempt_rq_id(job_id, 1).encode()  # then it died
-    monkeypatch.setattr("resumeq.janitor.sweep.VANISHED_GRACE_MS", 0)
+    monkeypatch.setattr("resumeq.janitor.queues.VANISHED_GRACE_MS", 0)
     assert janitor.sweep().requeued == [job_id]
     assert queue.get_job_ids() == [attempt_rq_id(job_id, 1)]
     assert janitor.sweep().requeued == []
@@ -156,7 +156,7 @@ def test_an_attempt_started_by_a_horse_that_died_before_its_lease_is_enqueued_ag
     rq_job.set_status(JobStatus.STARTED)
     rq_job.started_at = datetime.now(UTC) - timedelta(seconds=2)
     rq_job.save()
-    monkeypatch.setattr("resumeq.janitor.sweep.VANISHED_GRACE_MS", 0)
+    monkeypatch.setattr("resumeq.janitor.queues.VANISHED_GRACE_MS", 0)
     assert janitor.sweep().requeued == []  # just started: it may still take its lease
     rq_job.started_at = datetime.now(UTC) - timedelta(seconds=30)
     rq_job.save()

@@ -29,6 +29,7 @@ from resumeq.core.gate import Cut, Decision, JobView
 from resumeq.core.gate import decide as janitor_decide
 from resumeq.core.models import Acquired, JobState
 from resumeq.core.settings import ConfigFile, JanitorSettings, Settings
+from resumeq.janitor.reaper import Reaper
 from resumeq.janitor.sweep import Janitor
 from resumeq.producer.enqueue import enqueue_job
 from resumeq.queue import outbox
@@ -249,7 +250,7 @@ def test_a_corrupt_record_among_500_is_failed_and_the_other_499_handed_on(
     bad = ids[123]
     ctx.redis.hset(keys.job(bad), "revision", "many")
     dead.die()
-    with caplog.at_level(logging.WARNING, logger="resumeq.janitor.sweep"):
+    with caplog.at_level(logging.WARNING, logger="resumeq.janitor.reaper"):
         report = Janitor(ctx).sweep()
     good = [job_id for job_id in ids if job_id != bad]
     assert sorted(report.reaped) == sorted(ids) and report.outcomes[bad] == "failed"
@@ -273,16 +274,16 @@ def test_a_job_whose_step_fails_is_logged_and_the_batch_goes_on(
 ) -> None:
     ids = streams(dead, 30)
     unlucky = ids[4]
-    decide = Janitor._decision
+    decide = Reaper._decision
 
-    def failing(self: Janitor, d: Any) -> Any:
+    def failing(self: Reaper, d: Any) -> Any:
         if d.job_id == unlucky:
             raise RuntimeError("a bug in one job's gate")
         return decide(self, d)
 
-    monkeypatch.setattr(Janitor, "_decision", failing)
+    monkeypatch.setattr(Reaper, "_decision", failing)
     dead.die()
-    with caplog.at_level(logging.WARNING, logger="resumeq.janitor.sweep"):
+    with caplog.at_level(logging.WARNING, logger="resumeq.janitor.steps"):
         report = Janitor(ctx).sweep()
     assert report.errors == 1 and sorted(report.reaped) == sorted(set(ids) - {unlucky})
     assert any(unlucky in r.getMessage() and r.exc_info for r in caplog.records)
@@ -332,7 +333,7 @@ def test_every_exit_in_one_batch_as_the_gate_decides_for_each_job(
             return Decision(action="spill", reason="raced")
         return decide(view, cut)
 
-    monkeypatch.setattr("resumeq.janitor.sweep.decide", racing)
+    monkeypatch.setattr("resumeq.janitor.reaper.decide", racing)
     report = Janitor(ctx).sweep()
     assert report.errors == 0
     assert report.outcomes == {

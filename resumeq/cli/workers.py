@@ -55,7 +55,7 @@ def worker(obj: Context, queues: tuple[str, ...], burst: bool, concurrency: int 
 @reports_errors
 def janitor(obj: Context, once: bool, interval: float | None, as_json: bool) -> None:
     """Reap jobs whose worker died and resume, spill or abandon them."""
-    from resumeq.janitor.sweep import Janitor  # noqa: PLC0415
+    from resumeq.janitor import Janitor  # noqa: PLC0415
     from resumeq.worker.context import build_context  # noqa: PLC0415
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

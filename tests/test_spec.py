@@ -37,7 +37,7 @@ INVALID: list[tuple[str, dict[str, Any]]] = [
     ("messages", {"messages": [{"role": "user", "content": "x"}] * 4}),
     ("messages", {"messages": [{"role": "system", "content": "only a system message"}]}),
     ("messages", {"messages": [{"role": "user", "content": "x" * 101}]}),
-    ("messages.0.role", {"messages": [{"role": "tool", "content": "x"}]}),
+    ("messages.0.role", {"messages": [{"role": "robot", "content": "x"}]}),
     ("messages.0.content", {"messages": [{"role": "user", "content": 5}]}),
     ("messages.0.name", {"messages": [{"role": "user", "content": "x", "name": "n"}]}),
     ("messages", {"messages": "not a list"}),

@@ -19,12 +19,21 @@ tokens of the prefix).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from resumeq.core.settings import ProviderProfile
-from resumeq.core.spec import GenerationParams, JobSpec, Role
+from resumeq.core.spec import (
+    GenerationParams,
+    JobSpec,
+    ResponseFormat,
+    Role,
+    Tool,
+    ToolCall,
+    ToolChoice,
+)
 
 #: The markers around the unfinished text in an ``instruction`` continuation.
 PARTIAL_OPEN = "<<<PARTIAL\n"
@@ -45,12 +54,30 @@ _PIECE_RE = re.compile(r"\s*\w+|\s*[^\w\s]+|\s+")
 
 @dataclass(frozen=True)
 class ChatMessage:
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
     #: Mistral/DeepSeek's ``prefix: true`` on a final assistant message.
     prefix: bool = False
     #: Mark for the provider's prompt cache (Anthropic ``cache_control``).
     cache: bool = False
+    #: An assistant message's tool calls (the app sends them back with their results).
+    tool_calls: tuple[ToolCall, ...] = ()
+    #: A tool message: the call it answers.
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the answer may be besides text: the tools it may call, how it must choose
+    among them, and the JSON document it must be (each translated per wire)."""
+
+    tools: tuple[Tool, ...] = ()
+    tool_choice: ToolChoice | None = None
+    response_format: ResponseFormat | None = None
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> Shape:
+        return cls(spec.tools or (), spec.tool_choice, spec.response_format)
 
 
 @dataclass(frozen=True)
@@ -73,6 +100,8 @@ class RequestPlan:
     #: A reattach: the background response, and the last sequence number already stored.
     response_id: str | None = None
     after: int | None = None
+    #: Tools, tool choice and response format, as this request sends them.
+    shape: Shape = field(default_factory=Shape)
 
 
 def tail_pieces(text: str, n: int) -> str:
@@ -92,11 +121,19 @@ def _context(spec: JobSpec, profile: ProviderProfile) -> list[ChatMessage]:
         last_user = max(i for i, m in enumerate(chat) if m.role is Role.USER)
         system = [m for m in chat[:last_user] if m.role is Role.SYSTEM]
         chat = (*system, chat[last_user])
-    out = [ChatMessage(role=m.role.value, content=m.content) for m in chat]
+    out = [
+        ChatMessage(
+            role=m.role.value,
+            content=m.content,
+            tool_calls=m.tool_calls or (),
+            tool_call_id=m.tool_call_id,
+        )
+        for m in chat
+    ]
     if profile.cache_prompt and out:
         # Mark the original conversation's last message: a continuation reads all of it
         # from the cache instead of paying for it again.
-        out[-1] = ChatMessage(role=out[-1].role, content=out[-1].content, cache=True)
+        out[-1] = dataclasses.replace(out[-1], cache=True)
     return out
 
 
@@ -138,6 +175,7 @@ def plan_request(
             messages=tuple(context),
             max_tokens=remaining_tokens,
             params=spec.params,
+            shape=Shape.of(spec),
         )
     tail = prefix if profile.tail_tokens is None else tail_pieces(prefix, profile.tail_tokens)
     mode = profile.continue_mode
@@ -165,4 +203,5 @@ def plan_request(
         trimmed=trimmed,
         prefix_chars_sent=len(tail),
         sent=sent,
+        shape=Shape.of(spec),
     )

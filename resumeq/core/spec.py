@@ -80,15 +80,112 @@ class Role(StrEnum):
     SYSTEM = "system"
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"
 
 
-class Message(BaseModel):
-    """One chat message with text content."""
+class FunctionCall(BaseModel):
+    """The function a tool call names, and its arguments as JSON text (as OpenAI sends them)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    role: Role = Field(description="Who speaks: `system`, `user` or `assistant`.")
-    content: str = Field(description="The message's text.")
+    name: str = Field(description="The function's name.")
+    arguments: str = Field(description="The call's arguments: a JSON object, as text.")
+
+
+class ToolCall(BaseModel):
+    """A tool call an assistant message made (an app sends it back with the call's result)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(description="The call's id, which the tool message's `tool_call_id` names.")
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    """One chat message: text, or an assistant's tool calls, or a tool's result."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Role = Field(description="Who speaks: `system`, `user`, `assistant` or `tool`.")
+    content: str = Field(default="", description="The message's text.")
+    tool_calls: tuple[ToolCall, ...] | None = Field(
+        default=None, description="An assistant message's tool calls."
+    )
+    tool_call_id: str | None = Field(
+        default=None, description="A tool message's call: the id of the call it answers."
+    )
+
+    def hashed(self) -> dict[str, Any]:
+        """The message as the prompt hash reads it (a plain text message as before tools)."""
+        out: dict[str, Any] = {"role": self.role.value, "content": self.content}
+        if self.tool_calls is not None:
+            out["tool_calls"] = [c.model_dump(mode="json") for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+class FunctionDef(BaseModel):
+    """A function the model may call: its name, what it does, and its parameters' JSON Schema."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="The function's name, `^[A-Za-z0-9_-]{1,64}$`.")
+    description: str | None = Field(default=None, description="What the function does.")
+    parameters: dict[str, JsonValue] | None = Field(
+        default=None, description="The JSON Schema of the function's arguments (an object)."
+    )
+    strict: JsonBool | None = Field(
+        default=None, description="OpenAI's strict mode: the arguments follow the schema exactly."
+    )
+
+
+class Tool(BaseModel):
+    """A function tool, in OpenAI's shape (translated per wire by the workers)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class FunctionName(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """A `tool_choice` that forces one function."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
+
+
+class JsonSchemaFormat(BaseModel):
+    """A structured output's schema: its name, the JSON Schema, and OpenAI's strict mode."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    name: str = Field(description="The schema's name, `^[A-Za-z0-9_-]{1,64}$`.")
+    description: str | None = None
+    schema_: dict[str, JsonValue] = Field(alias="schema", description="The JSON Schema.")
+    strict: JsonBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """The answer is a JSON document: one valid for a schema, or any JSON object."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["json_schema", "json_object"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class GenerationParams(BaseModel):
@@ -145,6 +242,12 @@ class ExitPolicy(BaseModel):
         description="After an attempt that delivered output, the job takes its exit once it "
         "has had this many attempts (attempts that deliver nothing are bounded by `[worker] "
         "retry_window_s` instead).",
+    )
+    on_invalid: Literal["retry", "spill", "fail"] = Field(
+        default="spill",
+        description="What an answer that is not what was asked leads to (a document that does "
+        "not validate against `response_format`, a tool call whose arguments are not JSON): "
+        "`retry` a fresh attempt (counted), `spill` for a person, or `fail`.",
     )
 
 
@@ -221,6 +324,19 @@ class JobSpec(BaseModel):
         default=(),
         description="Names of after-completion hooks registered on the workers, run when the "
         "job ends `done`.",
+    )
+    tools: tuple[Tool, ...] | None = Field(
+        default=None, description="Functions the model may call (OpenAI's function-tool shape)."
+    )
+    tool_choice: ToolChoice | None = Field(
+        default=None,
+        description="`auto`, `none`, `required`, or `{\"type\": \"function\", \"function\": "
+        "{\"name\": ...}}` to force one of `tools`.",
+    )
+    response_format: ResponseFormat | None = Field(
+        default=None,
+        description="The answer as a JSON document: `{\"type\": \"json_schema\", \"json_schema\": "
+        "{\"name\", \"schema\", \"strict\"}}` or `{\"type\": \"json_object\"}`.",
     )
 
     @field_validator("messages")
@@ -340,15 +456,31 @@ class JobSpec(BaseModel):
         continuation whose spec hashes differently is refused: a cursor is never spliced
         onto an edited prompt.
         """
+        shape: dict[str, Any] = {}
+        if self.tools is not None:
+            shape["tools"] = [t.model_dump(mode="json", exclude_none=True) for t in self.tools]
+        if self.tool_choice is not None:
+            choice = self.tool_choice
+            shape["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump()
+        if self.response_format is not None:
+            shape["response_format"] = self.response_format.model_dump(
+                mode="json", by_alias=True, exclude_none=True
+            )
         return prompt_hash(
             self.provider,
             self.model,
-            [{"role": m.role.value, "content": m.content} for m in self.chat],
+            [m.hashed() for m in self.chat],
             self.params.model_dump(mode="json", exclude_none=True),
+            shape,
         )
 
+    @property
+    def structured(self) -> bool:
+        """Whether the answer is asked as a JSON document."""
+        return self.response_format is not None
+
     def to_json(self) -> str:
-        return self.model_dump_json(exclude_defaults=True)
+        return self.model_dump_json(exclude_defaults=True, by_alias=True)
 
 
 def _strings(value: JsonValue) -> list[str]:

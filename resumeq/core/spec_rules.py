@@ -26,8 +26,10 @@ if TYPE_CHECKING:
     from resumeq.core.defaults import LimitDefaults
     from resumeq.core.spec import JobSpec, Limits
 
-#: Version of the canonical form hashed by :func:`prompt_hash`.
-PROMPT_HASH_VERSION = 1
+#: Version of the canonical form hashed by :func:`prompt_hash`: 1 for a conversation of plain
+#: text messages, 2 once tools, a tool choice, a response format or tool messages enter it (a
+#: job queued before them keeps the hash it was made with).
+PROMPT_HASH_VERSION = 2
 #: The floor of a job that gives none, unless its budget is under twice this.
 DEFAULT_FLOOR_TOKENS = 32
 #: The exit policy's fields and their defaults (:class:`~resumeq.core.spec.ExitPolicy`).
@@ -177,17 +179,26 @@ def check_idempotency_key(v: str) -> str:
 
 
 def prompt_hash(
-    provider: str, model: str, messages: Sequence[Mapping[str, str]], params: Mapping[str, Any]
+    provider: str,
+    model: str,
+    messages: Sequence[Mapping[str, Any]],
+    params: Mapping[str, Any],
+    shape: Mapping[str, Any] | None = None,
 ) -> str:
     """SHA-256 over a canonical JSON of what determines the answer: provider, model, the
-    messages (``role``, ``content``) and the generation parameters that are set."""
-    canonical = {
-        "v": PROMPT_HASH_VERSION,
+    messages (``role``, ``content``, and any ``tool_calls`` / ``tool_call_id``), the
+    generation parameters that are set, and the answer's shape (``tools``, ``tool_choice``,
+    ``response_format``). A spec with none of the newer parts hashes as version 1 did."""
+    plain = not shape and all(set(m) <= {"role", "content"} for m in messages)
+    canonical: dict[str, Any] = {
+        "v": 1 if plain else PROMPT_HASH_VERSION,
         "provider": provider,
         "model": model,
-        "messages": [{"role": m["role"], "content": m["content"]} for m in messages],
+        "messages": [dict(m) for m in messages],
         "params": dict(params),
     }
+    if not plain:
+        canonical["shape"] = dict(shape or {})
     blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 

@@ -70,7 +70,7 @@ def connect_async(url: str, **options: Any) -> redis.asyncio.Redis:
     target = parse_sentinel_url(url)
     if target is not None:
         timeout = options.get("socket_connect_timeout") or options.get("socket_timeout") or 2.0
-        sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
             list(target.sentinels), sentinel_kwargs={"socket_timeout": timeout}
         )
         client = sentinel.master_for(
@@ -144,10 +144,10 @@ def _sentinel_client(target: SentinelURL, **options: Any) -> redis.Redis:
     """A client of the primary the sentinels name, found again after a failover (redis-py's
     Sentinel pool asks them at each new connection)."""
     timeout = options.get("socket_connect_timeout") or options.get("socket_timeout") or 2.0
-    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(target.sentinels), sentinel_kwargs={"socket_timeout": timeout}
     )
-    client = sentinel.master_for(  # type: ignore[no-untyped-call]
+    client = sentinel.master_for(  # type: ignore[no-untyped-call,unused-ignore]
         target.service,
         redis_class=_SentinelManaged,
         db=target.db,

@@ -20,6 +20,7 @@ from resumeq.core.errors import CorruptRecord
 from resumeq.core.identity import pid_of
 
 if TYPE_CHECKING:
+    from resumeq.core.answer import DurableCall
     from resumeq.core.spec import JobSpec, Limits
 
 #: A job's states live in :mod:`resumeq.core.states`.
@@ -126,6 +127,20 @@ class JobRecord:
     response_spent_base: int | None = None
     response_text_base: int | None = None
     response_seq: int | None = None
+    #: The answer's tool calls as checkpointed (JSON, :mod:`resumeq.core.answer`), and the
+    #: provider's refusal, if it refused.
+    tool_calls: str = ""
+    refusal: str | None = None
+
+    @functools.cached_property
+    def calls(self) -> tuple[DurableCall, ...]:
+        """The tool calls checkpointed so far, a cut one last (never shown)."""
+        from resumeq.core.answer import loads_calls  # noqa: PLC0415
+
+        try:
+            return loads_calls(self.tool_calls)
+        except ValueError as exc:
+            raise CorruptRecord(f"job {self.id}: corrupt record: {exc}", job_id=self.id) from None
 
     def text_bytes_after(self, revision: int) -> int:
         """How many bytes of the text a follower had after ``revision``, from

@@ -13,6 +13,8 @@ from resumeq.providers.base import (
     Started,
     StreamEvent,
     TextDelta,
+    ToolCallDelta,
+    ToolCallEnd,
     Usage,
     parse_retry_after,
 )
@@ -42,6 +44,8 @@ __all__ = [
     "Started",
     "StreamEvent",
     "TextDelta",
+    "ToolCallDelta",
+    "ToolCallEnd",
     "Usage",
     "make_client",
     "parse_retry_after",

@@ -76,10 +76,32 @@ class OutputDelta:
     """Output the provider bills that is not resumable text: ``reasoning`` (thinking) or
     ``other`` (tool-call arguments, an end token counted on its own), with its tokens."""
 
-    kind: Literal["reasoning", "other"]
+    kind: Literal["reasoning", "refusal", "other"]
     text: str
     tokens: int
     exact: bool
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call. ``index`` orders the calls of one attempt's answer (0, 1, …,
+    in the order they start); the call's first delta carries its ``id`` (the id the app must
+    send back: OpenAI's tool call id, Anthropic's toolu_ id, the Responses call_id) and
+    ``name``; ``arguments`` is the next piece of its arguments' JSON text (may be "")."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+    tokens: int
+    exact: bool
+
+
+@dataclass(frozen=True)
+class ToolCallEnd:
+    """Call ``index`` is whole: no more of its arguments will come."""
+
+    index: int
 
 
 @dataclass(frozen=True)
@@ -104,7 +126,7 @@ class Started:
     status: str | None
 
 
-StreamEvent = TextDelta | OutputDelta | Usage | Started
+StreamEvent = TextDelta | OutputDelta | ToolCallDelta | ToolCallEnd | Usage | Started
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:

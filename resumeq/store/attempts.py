@@ -43,6 +43,9 @@ class Attempts:
         hidden_bytes: int = 0,
         request: str | None = None,
         response: ResponsePosition | None = None,
+        calls: str | None = None,
+        announce: str = "",
+        refusal: str = "",
     ) -> FlushResult:
         """Checkpoint ``delta`` (``tokens`` output tokens) onto the prefix.
 
@@ -60,6 +63,10 @@ class Attempts:
 
         ``response``: the background response the delta came from and the last event of it
         the stored text then includes, written with the text so that they never disagree.
+
+        ``calls``: the answer's tool calls as they stand after the flush (JSON, see
+        :mod:`resumeq.core.answer`; None: unchanged), and ``announce`` those it makes
+        complete (a JSON list, for the event); ``refusal``: the provider's refusal.
 
         Sent once: a caller that got no answer sends it again with the same ``request``
         id, and a flush that had been applied answers as it did.
@@ -85,6 +92,9 @@ class Attempts:
             non_negative(hidden_bytes, "hidden_bytes"),
             *(response.args() if response is not None else ("", "", "")),
             "1" if self.transport.replicated else "0",
+            calls or "",
+            announce,
+            refusal,
         ]
         status, *rest = self.transport.run("flush", job_keys, args, job_id)
         if status != "ok":
@@ -164,11 +174,14 @@ class Attempts:
         expected_revision: int | None = None,
         delay_ms: int = 0,
         progressed: bool = True,
+        discard: bool = False,
     ) -> int:
         """Apply the gate's exit and give up the lease; answers the new revision. The next
         attempt (``queued``: after ``delay_ms``; ``spilled``: on the spill lane) goes into
         the outbox in the same step. ``progressed``: whether the attempt delivered output
-        (a run of attempts that did not is kept, for pacing retries).
+        (a run of attempts that did not is kept, for pacing retries). ``discard`` (with
+        ``queued``): the answer is let go — text and tool calls — for a fresh attempt (an
+        answer that is not what was asked, ``on_invalid = "retry"``); its tokens stay counted.
 
         A second spill of the same job is refused with
         :class:`~resumeq.core.errors.SpillExhausted`.
@@ -202,6 +215,7 @@ class Attempts:
             keys.SPILL_QUEUE,
             totals_json(ledger),
             "1" if progressed else "0",
+            "1" if discard else "0",
         ]
         return self.transport.write("release", job_keys, args, job_id, expected_revision)
 

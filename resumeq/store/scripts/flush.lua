@@ -15,6 +15,10 @@
 --   matches no event)   ARGV[11] the provider and model it was made for
 -- ARGV[12] '1' to mark the event held: followers show it once a replica holds it (a
 --   'durable' marker at its revision or later; [store] durability = "replica")
+-- ARGV[13] the answer's tool calls as they stand after this flush, as JSON ('' : unchanged)
+-- ARGV[14] the calls this flush makes complete, as a JSON list ('' : none): the event
+--   carries them, and followers show them
+-- ARGV[15] the provider's refusal ('' : none)
 -- Answers: {'ok', revision, spent, prefix bytes} | {'not_found'} | {'cancelled'}
 --   | {'lease_lost', state} | {'wrong_state', state} | {'stale_revision', current}
 --   | {'bad_argument', what} | {'corrupt', field}
@@ -59,10 +63,20 @@ else
   note_response(job, ARGV[9], ARGV[10] or '', ARGV[11] or '', fmt(size - string.len(delta)),
     fmt(spent - tokens))
 end
+if (ARGV[13] or '') ~= '' then
+  redis.call('HSET', job, 'tool_calls', ARGV[13])
+end
+if (ARGV[15] or '') ~= '' then
+  redis.call('HSET', job, 'refusal', ARGV[15])
+end
 stamp(job, ARGV[7])
 local rev = bump(job, now)
-local held = ARGV[12] == '1' and { 'held', '1' } or {}
-event(events, rev, 'delta', delta, 'spent', fmt(spent), 'exact', ARGV[5], unpack(held))
+local extra = ARGV[12] == '1' and { 'held', '1' } or {}
+if (ARGV[14] or '') ~= '' then
+  table.insert(extra, 'calls')
+  table.insert(extra, ARGV[14])
+end
+event(events, rev, 'delta', delta, 'spent', fmt(spent), 'exact', ARGV[5], unpack(extra))
 if ttl > 0 then
   redis.call('PEXPIRE', lease, ttl)
   redis.call('ZADD', leases, fmt(now + ttl), redis.call('HGET', job, 'id'))

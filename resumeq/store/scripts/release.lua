@@ -15,6 +15,8 @@
 -- ARGV[10] the ledger record's totals (JSON)
 -- ARGV[11] '1' if the attempt delivered output, '0' if it delivered nothing (a failure:
 --   the run of such attempts, and since when, is kept for the gate's pacing)
+-- ARGV[12] '1' to let the answer go before a fresh attempt (on_invalid = retry: the text
+--   and tool calls are deleted, the cursor stays; the event says 'reset')
 -- Answers: {'ok', revision} | {'not_found'} | {'cancelled'} | {'lease_lost', state}
 --   | {'wrong_state', state} | {'stale_revision', current} | {'spill_exhausted'}
 --   | {'bad_argument', what} | {'corrupt', field}
@@ -79,5 +81,12 @@ else
   retire(ARGV[6], job, text, events, ledger)
   retire_idempotency(idem, id, ARGV[6])
 end
-event(events, rev, 'state', to_state, 'reason', ARGV[4])
+if ARGV[12] == '1' and to_state == 'queued' then
+  redis.call('DEL', text)
+  redis.call('HDEL', job, 'tool_calls', 'refusal', 'response_id', 'response_seq', 'response_for',
+    'response_attempt', 'response_spent_base', 'response_text_base')
+  event(events, rev, 'state', to_state, 'reason', ARGV[4], 'reset', '1')
+else
+  event(events, rev, 'state', to_state, 'reason', ARGV[4])
+end
 return { 'ok', fmt(rev) }

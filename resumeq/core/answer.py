@@ -15,11 +15,12 @@ valid for its schema. A problem is the job's ``on_invalid`` case, never a crash.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from resumeq.core.spec import FunctionName, JobSpec, NamedToolChoice, ToolChoice
+if TYPE_CHECKING:  # the calls are read where no model is loaded (``resumeq status``)
+    from resumeq.core.spec import FunctionDef, JobSpec, ToolChoice
 
 #: What a continuation of a structured answer tells the model, where the provider cannot
 #: constrain a continuation: the schema follows as JSON. The fake provider reads it.
@@ -93,6 +94,8 @@ def redo_of(calls: Sequence[DurableCall], spec: JobSpec) -> Redo | None:
     the complete ones were shown and are kept. A set cut in its first call is asked again
     whole (``required``, or the job's own forced choice): no wire can carry completed calls
     without their results and ask for the rest, and nothing of that set was shown."""
+    from resumeq.core.spec import FunctionName, NamedToolChoice  # noqa: PLC0415
+
     cut = [c for c in calls if not c.complete]
     if not cut:
         return None
@@ -124,23 +127,34 @@ def problem_of(
     """Why a finished answer is not what was asked, or None when it is."""
     tools = {t.function.name: t.function for t in spec.tools or ()}
     for call in calls:
-        if not call.complete:
-            return f"tool call {call.name} did not end before the stream did"
-        if tools and call.name not in tools:
-            return f"tool call names {call.name!r}, which is not one of the job's tools"
-        value, bad = _json(call.arguments)
-        if bad is not None:
-            return f"tool call {call.name}: arguments are {bad}"
-        if not isinstance(value, dict):
-            return f"tool call {call.name}: arguments are not a JSON object"
-        function = tools.get(call.name)
-        if function is not None and function.strict and function.parameters is not None:
-            invalid = schema_problem(value, function.parameters)
-            if invalid is not None:
-                return f"tool call {call.name}: arguments {invalid}"
-    rf = spec.response_format
-    if rf is None or calls:
+        problem = _call_problem(call, tools)
+        if problem is not None:
+            return problem
+    if spec.response_format is None or calls:
         return None
+    return _document_problem(spec, text, finish_reason)
+
+
+def _call_problem(call: DurableCall, tools: Mapping[str, FunctionDef]) -> str | None:
+    if not call.complete:
+        return f"tool call {call.name} did not end before the stream did"
+    if tools and call.name not in tools:
+        return f"tool call names {call.name!r}, which is not one of the job's tools"
+    value, bad = _json(call.arguments)
+    if bad is not None:
+        return f"tool call {call.name}: arguments are {bad}"
+    if not isinstance(value, dict):
+        return f"tool call {call.name}: arguments are not a JSON object"
+    function = tools.get(call.name)
+    if function is None or not function.strict or function.parameters is None:
+        return None
+    invalid = schema_problem(value, function.parameters)
+    return None if invalid is None else f"tool call {call.name}: arguments {invalid}"
+
+
+def _document_problem(spec: JobSpec, text: str, finish_reason: str | None) -> str | None:
+    rf = spec.response_format
+    assert rf is not None
     if finish_reason == "length":
         return "the document was cut off by the output limit (finish reason length)"
     value, bad = _json(text)

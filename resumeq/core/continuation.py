@@ -20,10 +20,12 @@ tokens of the prefix).
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from resumeq.core.answer import JSON_OBJECT_NOTE, SCHEMA_NOTE
 from resumeq.core.settings import ProviderProfile
 from resumeq.core.spec import (
     GenerationParams,
@@ -153,21 +155,60 @@ def plan_reattach(
     )
 
 
+def _shaped(
+    spec: JobSpec,
+    profile: ProviderProfile,
+    context: list[ChatMessage],
+    *,
+    continuing: bool,
+    tool_choice: ToolChoice | None,
+) -> tuple[list[ChatMessage], Shape]:
+    """The shape an attempt sends, and its context with any note the shape needs.
+
+    A continuation of a structured answer is asked without ``response_format``: constrained
+    decoding starts a document at its root, and Anthropic refuses a prefill with structured
+    outputs. The schema goes into a system note instead, and the whole document is checked
+    at the end. ``json_object`` has no Anthropic form: the note, on every attempt. A redo
+    of a cut tool call forces ``tool_choice``."""
+    shape = Shape.of(spec)
+    if tool_choice is not None:
+        shape = dataclasses.replace(shape, tool_choice=tool_choice)
+    rf = spec.response_format
+    if rf is None or not (continuing or (profile.kind == "anthropic" and rf.type == "json_object")):
+        return context, shape
+    if rf.type == "json_schema" and rf.json_schema is not None:
+        schema = json.dumps(rf.json_schema.schema_, ensure_ascii=False)
+        note = f"{SCHEMA_NOTE}{schema}"
+    else:
+        note = JSON_OBJECT_NOTE
+    first = next((i for i, m in enumerate(context) if m.role != "system"), len(context))
+    context = [*context[:first], ChatMessage(role="system", content=note), *context[first:]]
+    return context, dataclasses.replace(shape, response_format=None)
+
+
 def plan_request(
     spec: JobSpec,
     profile: ProviderProfile,
     *,
     prefix: str,
     remaining_tokens: int,
+    tool_choice: ToolChoice | None = None,
 ) -> RequestPlan:
     """The request for the next attempt of a job whose stored prefix is ``prefix``.
 
     No prefix: a fresh request (or a retry of it). A prefix: a continuation — never the
-    original request again, which would buy the prefix a second time.
+    original request again, which would buy the prefix a second time. ``tool_choice``: the
+    choice a redo of a cut tool call forces (:func:`resumeq.core.answer.redo_of`).
     """
     if remaining_tokens <= 0:
         raise ValueError(f"remaining_tokens must be > 0, got {remaining_tokens}")
-    context = _context(spec, profile)
+    context, shape = _shaped(
+        spec,
+        profile,
+        _context(spec, profile),
+        continuing=bool(prefix),
+        tool_choice=tool_choice,
+    )
     if not prefix:
         return RequestPlan(
             kind="fresh",
@@ -175,7 +216,7 @@ def plan_request(
             messages=tuple(context),
             max_tokens=remaining_tokens,
             params=spec.params,
-            shape=Shape.of(spec),
+            shape=shape,
         )
     tail = prefix if profile.tail_tokens is None else tail_pieces(prefix, profile.tail_tokens)
     mode = profile.continue_mode
@@ -203,5 +244,5 @@ def plan_request(
         trimmed=trimmed,
         prefix_chars_sent=len(tail),
         sent=sent,
-        shape=Shape.of(spec),
+        shape=shape,
     )

@@ -16,6 +16,11 @@ One decision with its reason:
   others spill — once; a job that cannot go on after a spill has ``failed``.
 - ``failed`` — a fatal provider error (400/401/403/404/422), or a prompt-hash conflict.
 
+An answer that finished but is not what was asked (``invalid``: a structured answer that
+does not validate, tool-call arguments that are not JSON) takes the job's ``on_invalid``
+exit: ``retry`` lets the answer go and asks again from nothing (``discard``; bounded by
+``max_attempts`` and the budget, then the ordinary exit), ``spill`` (once), or ``failed``.
+
 It never answers ``retry`` once a prefix exists: the original request would buy the
 prefix a second time.
 
@@ -50,6 +55,7 @@ CutKind = Literal[
     "stall",  # no bytes for stall_timeout_s
     "fatal",  # 400/401/403/404/422
     "conflict",  # the prompt hash no longer matches the stored one
+    "invalid",  # finished, but not what was asked: the job's on_invalid exit
 ]
 
 #: Backoff for retries without a Retry-After: base * 2^(n-1), capped, with "equal" jitter
@@ -118,6 +124,8 @@ class Decision(BaseModel):
     max_tokens: int | None = None
     #: For ``retry`` and ``resume``: seconds to wait before the next attempt.
     delay_s: float = 0.0
+    #: For ``retry``: the answer so far is let go first (an invalid one asked again).
+    discard: bool = False
 
     @property
     def delay_ms(self) -> int:
@@ -238,8 +246,33 @@ def _why_not_retry(job: JobView) -> str | None:
     return None
 
 
+def _invalid(job: JobView, cut: Cut) -> Decision:
+    """An answer that is not what was asked: the exit chosen for it at enqueue."""
+    reason = f"invalid answer: {cut.detail}"
+    policy = job.exit.on_invalid
+    if policy == "fail":
+        return Decision(action="failed", reason=reason)
+    if policy == "spill":
+        if job.spill_count >= 1:
+            return Decision(action="failed", reason=f"{reason}, after a spill")
+        return Decision(action="spill", reason=reason)
+    remaining = job.budget_tokens - job.spent_output_tokens
+    if job.attempts >= job.exit.max_attempts:
+        return _exit(job, f"{reason}; attempts exhausted ({job.attempts})")
+    if remaining < job.floor_tokens:
+        return _exit(job, f"{reason}; remaining budget {remaining} is below the floor")
+    return Decision(
+        action="retry",
+        reason=f"{reason}; asked again from the start",
+        max_tokens=remaining,
+        discard=True,
+    )
+
+
 def decide(job: JobView, cut: Cut, *, jitter: float = 0.5) -> Decision:
     """The one decision for a job after ``cut``. ``jitter`` in [0, 1) spreads backoffs."""
+    if cut.kind == "invalid":
+        return _invalid(job, cut)
     settled = _settled(job, cut)
     if settled is not None:
         return settled

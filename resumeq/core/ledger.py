@@ -63,6 +63,11 @@ class AttemptRecord(BaseModel):
     #: Output billed and never read, nor counted into the cursor: what a cancelled job's
     #: background response made after its last checkpoint, until it was cancelled.
     unread_output_tokens: int = 0
+    #: Output billed that the next attempt buys again, and why: a tool call cut halfway
+    #: (asked again, never finished by guesswork), or an answer let go because it was not
+    #: what was asked (``on_invalid = "retry"``).
+    regenerated_tokens: int = 0
+    regenerated: str = ""
     #: The reasoning (thinking) tokens among them, where known: billed, never resumed.
     reasoning_tokens: int | None = None
     chars_persisted: int = 0

@@ -58,6 +58,7 @@ def summary(
         "reattaches": kinds.count("reattach"),
         "output_tokens_billed": billed_out,
         "output_tokens_persisted": persisted,
+        "regenerated_tokens": sum(a.get("regenerated_tokens", 0) for a in records),
         "input_tokens_billed": billed_in,
         "cached_input_tokens": cached_in,
         "output_counts_complete": all(a.get("output_tokens") is not None for a in records),

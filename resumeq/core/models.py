@@ -131,6 +131,9 @@ class JobRecord:
     #: provider's refusal, if it refused.
     tool_calls: str = ""
     refusal: str | None = None
+    #: The cursor when the answer was last let go for a fresh attempt (``on_invalid =
+    #: "retry"``): the tokens of the answer now stored are those after it.
+    answer_base: int = 0
 
     @functools.cached_property
     def calls(self) -> tuple[DurableCall, ...]:

@@ -330,13 +330,13 @@ class JobSpec(BaseModel):
     )
     tool_choice: ToolChoice | None = Field(
         default=None,
-        description="`auto`, `none`, `required`, or `{\"type\": \"function\", \"function\": "
-        "{\"name\": ...}}` to force one of `tools`.",
+        description='`auto`, `none`, `required`, or `{"type": "function", "function": '
+        '{"name": ...}}` to force one of `tools`.',
     )
     response_format: ResponseFormat | None = Field(
         default=None,
-        description="The answer as a JSON document: `{\"type\": \"json_schema\", \"json_schema\": "
-        "{\"name\", \"schema\", \"strict\"}}` or `{\"type\": \"json_object\"}`.",
+        description='The answer as a JSON document: `{"type": "json_schema", "json_schema": '
+        '{"name", "schema", "strict"}}` or `{"type": "json_object"}`.',
     )
 
     @field_validator("messages")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+from resumeq.core.answer import redo_of
 from resumeq.core.calibration import Calibration, pieces
 from resumeq.core.counting import estimate, let_go
 from resumeq.core.errors import ConfigError
@@ -91,6 +92,17 @@ class Accounting:
             return self.ctx.settings.profile(record.spec.provider).min_output_tokens
         except ConfigError:
             return 1
+
+    def count_regenerated(self, d: Reaped) -> None:
+        """A dead attempt cut inside a tool call whose job goes on: the call's checkpointed
+        arguments are bought again by the next attempt (what the worker saw of them: a
+        lower bound of what was billed)."""
+        if d.decision is None or d.decision.action not in RESUMING:
+            return
+        redo = redo_of(d.record.calls, d.record.spec)
+        if redo is not None and redo.regenerated_tokens:
+            d.ledger["regenerated_tokens"] = redo.regenerated_tokens
+            d.ledger["regenerated"] = redo.why
 
     def count_released(self, d: Reaped) -> None:
         """A dead attempt whose job takes an exit (no attempt will read its background

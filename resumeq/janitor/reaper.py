@@ -65,6 +65,7 @@ class Reaper:
         dead = [d for d in dead if self._judge(report, d)]
         for d in dead:
             self.steps.safe(report, self.accounting.count_released, d)
+            self.steps.safe(report, self.accounting.count_regenerated, d)
         dead = self._flush_counts(report, dead)
         dead = self._commit(report, dead)
         if not dead:

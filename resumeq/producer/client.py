@@ -14,6 +14,7 @@ the reads they ask for.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.typing import KeyT, StreamIdT
 
+from resumeq.core.answer import shown
 from resumeq.core.errors import InvalidTransition, JobNotFound, StoreError
 from resumeq.core.models import TERMINAL_STATES, JobRecord, JobState
 from resumeq.producer.enqueue import cancel_job, enqueue_job
@@ -45,10 +47,14 @@ CANCEL_REASON = "cancelled by producer"
 
 @dataclass(frozen=True)
 class Delta:
-    """Durable text, with the revision that wrote it (resume a follower after it)."""
+    """Durable text, with the revision that wrote it (resume a follower after it); the tool
+    calls that revision made whole (``{"id", "name", "arguments"}``); ``reset``: the answer
+    so far was let go (it was not what was asked) and is asked again from the start."""
 
     revision: int
     text: str
+    tool_calls: tuple[dict[str, str], ...] = ()
+    reset: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,9 @@ class Job:
     error: str | None
     reason: str | None
     record: JobRecord
+    #: The answer's tool calls, complete ones only, and the provider's refusal.
+    tool_calls: tuple[dict[str, str], ...] = ()
+    refusal: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -88,6 +97,8 @@ class Job:
             error=record.error,
             reason=record.reason,
             record=record,
+            tool_calls=tuple(shown(record.calls)),
+            refusal=record.refusal,
         )
 
 
@@ -105,9 +116,12 @@ def is_resting(record: JobRecord) -> bool:
 
 
 def delta_of(revision: int, fields: Mapping[str, str]) -> Delta | None:
-    """The durable text an event added, if any (state changes add none)."""
-    text = fields.get("delta")
-    return Delta(revision, text) if text else None
+    """The durable text and tool calls an event added, if any, or the answer it let go
+    (other state changes add none)."""
+    text = fields.get("delta") or ""
+    calls = tuple(json.loads(fields["calls"])) if fields.get("calls") else ()
+    reset = fields.get("reset") == "1"
+    return Delta(revision, text, calls, reset) if text or calls or reset else None
 
 
 class EventCursor:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from resumeq.core import states
+from resumeq.core.answer import shown
 from resumeq.core.errors import JobNotFound, ResumeqError
 from resumeq.core.ledger_summary import summary
 from resumeq.core.models import JobRecord, JobState
@@ -48,6 +49,8 @@ def status_dict(store: Store, job_id: str) -> dict[str, Any]:
         "id": record.id,
         "state": record.state.value,
         "text": text,
+        "tool_calls": shown(record.calls),
+        "refusal": record.refusal,
         "budget_tokens": record.budget_tokens,
         "floor_tokens": record.floor_tokens,
         "spent_output_tokens": record.spent_output_tokens,

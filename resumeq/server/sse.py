@@ -81,6 +81,11 @@ def frames(revision: int, fields: dict[str, str]) -> list[str]:
     text = fields.get("delta")
     if text:
         out.append(event("delta", revision, {"text": text, "revision": revision}))
+    for call in json.loads(fields["calls"]) if fields.get("calls") else ():
+        out.append(event("tool_call", revision, {**call, "revision": revision}))
+    if fields.get("reset") == "1":
+        # The answer so far was let go (not what was asked): a reader drops what it has.
+        out.append(event("reset", revision, {"reason": fields.get("reason", "")}))
     state = fields.get("state")
     if state:
         out.append(event("state", revision, {"state": state}))

@@ -203,6 +203,7 @@ class Accounting:
         seam: SpliceReport | None = None,
         first_byte_ms: int | None = None,
         decision: Decision | None = None,
+        regenerated: tuple[int, str] = (0, ""),
     ) -> AttemptRecord:
         usage = usage or Usage()
         refused = call.reattach_refused if call is not None else ""
@@ -243,4 +244,6 @@ class Accounting:
             count_refused="; ".join(count.refused)[:500] or None if count else None,
             echo_chars=seam.echo_dropped if seam else 0,
             overlap_chars=seam.overlap_dropped if seam else 0,
+            regenerated_tokens=regenerated[0],
+            regenerated=regenerated[1][:500],
         )

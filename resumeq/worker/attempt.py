@@ -16,6 +16,7 @@ from datetime import UTC
 
 from rq import get_current_job
 
+from resumeq.core.answer import problem_of, redo_of
 from resumeq.core.continuation import RequestPlan, plan_reattach, plan_request
 from resumeq.core.errors import (
     ConfigError,
@@ -31,6 +32,7 @@ from resumeq.core.errors import (
 from resumeq.core.gate import Cut, Decision, JobView, decide, pacing
 from resumeq.core.models import JobRecord, JobState, Lease, made_for
 from resumeq.core.settings import ProviderProfile
+from resumeq.core.spec import ToolChoice
 from resumeq.providers import (
     make_client,
 )
@@ -155,6 +157,7 @@ class AttemptRunner:
             raise lost
         for note in call.splicer.report.notes:
             log.info("job %s attempt %d: %s", record.id, record.attempt, note)
+        result.cut = self._checked(record, call, result.cut)
 
         # A handoff is no failure of the provider's: it neither starts nor lengthens a run
         # of attempts that delivered nothing.
@@ -186,6 +189,7 @@ class AttemptRunner:
             # counted before the exit is written.
             self.responses.let_response_go(call)
         handed_on = handoff and decision.action in ("retry", "resume")
+        regenerated = self._regenerated(record, view, decision, ckpt)
         entry = self.accounting.ledger(
             record,
             started,
@@ -199,6 +203,7 @@ class AttemptRunner:
             seam=call.splicer.report,
             first_byte_ms=result.first_byte_ms,
             decision=decision,
+            regenerated=regenerated,
         )
         log.info(
             "job %s attempt %d (%s): %s, %d tokens persisted -> %s (%s)",
@@ -237,7 +242,10 @@ class AttemptRunner:
         profile = self.ctx.settings.profile(record.spec.provider)
         prefix = self.store.text(record.id)
         client = make_client(profile, self.ctx.http.get(record.spec.provider, profile))
-        plan = self._plan(lease, record, profile, prefix)
+        redo = redo_of(record.calls, record.spec)
+        plan = self._plan(
+            lease, record, profile, prefix, tool_choice=redo.tool_choice if redo else None
+        )
         ckpt = Checkpointer(
             self.store,
             lease,
@@ -246,6 +254,7 @@ class AttemptRunner:
             flush_ms=self.worker.flush_ms,
             flush_min_ms=self.worker.flush_min_ms,
         )
+        ckpt.keep_calls(record.calls, redo.kept if redo is not None else record.calls)
         call = Call(record, profile, plan, client, splicer_for(plan, profile, prefix), ckpt, prefix)
         if plan.kind == "reattach":
             call.response_id = plan.response_id
@@ -256,14 +265,22 @@ class AttemptRunner:
         return call
 
     def _plan(
-        self, lease: Lease, record: JobRecord, profile: ProviderProfile, prefix: str
+        self,
+        lease: Lease,
+        record: JobRecord,
+        profile: ProviderProfile,
+        prefix: str,
+        *,
+        tool_choice: ToolChoice | None = None,
     ) -> RequestPlan:
         """Read on the background response an earlier attempt made, where it can be;
         otherwise a fresh request or a continuation (the response is let go once the
-        attempt can count it: :meth:`_let_response_go`)."""
+        attempt can count it: :meth:`_let_response_go`). ``tool_choice``: a cut tool
+        call's redo (a response is not read on in the middle of a call: the call is
+        asked again)."""
         spec = record.spec
         if record.response_id is not None:
-            if profile.background and record.reattachable:
+            if profile.background and record.reattachable and tool_choice is None:
                 return plan_reattach(
                     spec,
                     response_id=record.response_id,
@@ -276,7 +293,43 @@ class AttemptRunner:
             elif not profile.background:
                 why = f"profile {spec.provider} no longer makes background responses"
             log.info("job %s: not reading on response %s: %s", record.id, record.response_id, why)
-        return plan_request(spec, profile, prefix=prefix, remaining_tokens=record.remaining_tokens)
+        return plan_request(
+            spec,
+            profile,
+            prefix=prefix,
+            remaining_tokens=record.remaining_tokens,
+            tool_choice=tool_choice,
+        )
+
+    def _checked(self, record: JobRecord, call: Call, cut: Cut) -> Cut:
+        """A finished answer, checked against what was asked (tool calls whose arguments
+        are JSON objects, a document valid for its schema): one that is not is ``invalid``,
+        the job's ``on_invalid`` case. A refusal is an answer of its own: not checked."""
+        spec = record.spec
+        shaped = spec.tools or spec.response_format
+        if cut.kind != "finished" or not shaped or call.ckpt.refusal:
+            return cut
+        text = self.store.text(record.id) if spec.response_format is not None else ""
+        problem = problem_of(spec, text, call.ckpt.calls, cut.finish_reason)
+        if problem is None:
+            return cut
+        log.info("job %s attempt %d: invalid answer: %s", record.id, record.attempt, problem)
+        return Cut(kind="invalid", finish_reason=cut.finish_reason, detail=problem)
+
+    @staticmethod
+    def _regenerated(
+        record: JobRecord, view: JobView, decision: Decision, ckpt: Checkpointer
+    ) -> tuple[int, str]:
+        """Billed output the next attempt buys again, and why: an answer let go, or a tool
+        call cut halfway."""
+        if decision.discard:
+            return view.spent_output_tokens - record.answer_base, "the answer was let go: " + (
+                decision.reason
+            )
+        if decision.action not in ("retry", "resume"):
+            return 0, ""
+        redo = redo_of(ckpt.calls, record.spec)
+        return (redo.regenerated_tokens, redo.why) if redo is not None else (0, "")
 
     def _refusal(self, record: JobRecord) -> Decision | None:
         """An attempt that must not call the provider at all."""

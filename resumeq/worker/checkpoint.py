@@ -26,13 +26,16 @@ or an estimate. No write ever lowers the cursor.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from resumeq.core.answer import DurableCall, dumps_calls
 from resumeq.core.errors import (
     JobNotFound,
     LeaseLost,
@@ -60,6 +63,12 @@ class _Batch:
     hidden_bytes: int = 0
     #: Where the batch ends in a background response (None: it comes from none).
     response: ResponsePosition | None = None
+    #: The tool calls as they stand (None: unchanged since the last write), the version of
+    #: them it holds, and the calls it makes complete (shown once it is written).
+    calls: str | None = None
+    calls_version: int = 0
+    announce: tuple[dict[str, str], ...] = ()
+    refusal: str = ""
     request: str = field(default_factory=request_id)
 
 
@@ -73,6 +82,7 @@ class _Written:
     text: str
     tokens: int
     hidden_bytes: int
+    announce: tuple[dict[str, str], ...] = ()
 
 
 class Checkpointer:
@@ -129,6 +139,18 @@ class Checkpointer:
         self._lock = threading.RLock()
         #: Set by :meth:`close`: the idle flusher writes nothing more.
         self._closed = False
+        #: The answer's tool calls: those kept from earlier attempts, then this attempt's
+        #: (by the wire's index); a version for each change, the one last written, and the
+        #: calls made complete that no write has announced yet.
+        self.calls: list[DurableCall] = []
+        self._call_at: dict[int, int] = {}
+        self._calls_version = 0
+        self._calls_written = 0
+        self._announce: list[dict[str, str]] = []
+        self.attempt = lease.token.partition(":")[0]
+        #: The provider's refusal, written with the next flush.
+        self.refusal = ""
+        self._refusal_written = ""
 
     @property
     def pending_tokens(self) -> int:
@@ -163,6 +185,54 @@ class Checkpointer:
             if self._due():
                 self.flush()
 
+    def keep_calls(self, stored: Sequence[DurableCall], kept: Sequence[DurableCall]) -> None:
+        """Start from the calls of earlier attempts this one keeps (a cut one is dropped:
+        it is asked again); written with the first flush if that drops any."""
+        with self._lock:
+            self.calls = list(kept)
+            if list(stored) != self.calls:
+                self._calls_version += 1
+
+    def tool(
+        self,
+        index: int,
+        call_id: str | None,
+        name: str | None,
+        arguments: str,
+        tokens: int,
+        *,
+        exact: bool,
+        response: ResponsePosition | None = None,
+    ) -> None:
+        """A piece of the attempt's call ``index`` (its first names it)."""
+        with self._lock:
+            at = self._call_at.get(index)
+            if at is None:
+                at = self._call_at[index] = len(self.calls)
+                attempt = int(self.attempt) if self.attempt.isdigit() else 0
+                self.calls.append(DurableCall(call_id or "", name or "", attempt=attempt))
+            call = self.calls[at]
+            self.calls[at] = dataclasses.replace(
+                call,
+                id=call.id or call_id or "",
+                name=call.name or name or "",
+                arguments=call.arguments + arguments,
+                tokens=call.tokens + tokens,
+            )
+            self._calls_version += 1
+            self.add("", tokens, exact=exact, hidden_bytes=len(arguments.encode()),
+                     response=response)  # fmt: skip
+
+    def tool_end(self, index: int) -> None:
+        """The attempt's call ``index`` is whole: shown once written."""
+        with self._lock:
+            at = self._call_at.get(index)
+            if at is None or self.calls[at].complete:
+                return
+            self.calls[at] = dataclasses.replace(self.calls[at], complete=True)
+            self._announce.append(self.calls[at].shown())
+            self._calls_version += 1
+
     def flush_idle(self) -> bool:
         """Flush what is pending if a threshold has passed with no delta to carry it out
         (the provider paused after a burst). Called from the :class:`IdleFlusher`'s thread:
@@ -195,7 +265,7 @@ class Checkpointer:
             self._closed = True
 
     def _due(self) -> bool:
-        if not (self._pending_text or self._pending_tokens):
+        if not (self._pending_text or self._pending_tokens or self._announce):
             return False
         since = self._clock() - self._last_flush
         return since >= self.flush_s or (
@@ -263,6 +333,11 @@ class Checkpointer:
                     hidden_bytes=batch.hidden_bytes,
                     request=batch.request,
                     response=batch.response,
+                    calls=batch.calls,
+                    announce=json.dumps(batch.announce, ensure_ascii=False)
+                    if batch.announce
+                    else "",
+                    refusal=batch.refusal,
                 )
             except RedisUnavailable as exc:
                 self._inflight = batch
@@ -289,14 +364,21 @@ class Checkpointer:
         batch.exact = self.exact
         batch.hidden_bytes = self._pending_hidden
         batch.response = self.response
+        if self._calls_version != self._calls_written:
+            batch.calls = dumps_calls(self.calls)
+            batch.calls_version = self._calls_version
+            batch.announce = tuple(self._announce)
+        if self.refusal != self._refusal_written:
+            batch.refusal = self.refusal
+        shaped = batch.calls is not None or bool(batch.refusal)
         if settle is not None:
             total, batch.exact = settle
             batch.tokens = total - self.flushed_tokens
             relabel = self._written_exact is not None and self._written_exact != batch.exact
-            if not (batch.items or batch.tokens or relabel):
+            if not (batch.items or batch.tokens or relabel or shaped):
                 self.exact = batch.exact
                 return None
-        elif not batch.items and not batch.tokens and not batch.hidden_bytes:
+        elif not (batch.items or batch.tokens or batch.hidden_bytes or shaped):
             return None
         return batch
 
@@ -321,6 +403,9 @@ class Checkpointer:
         self._pending_text[:0] = text
         self._pending_tokens += tokens
         self._pending_hidden += sum(w.hidden_bytes for w in lost)
+        self._announce[:0] = [call for w in lost for call in w.announce]
+        self._calls_written = -1  # the calls as they stand are written again
+        self._refusal_written = ""
         self.flushed_tokens -= tokens
         self.flushed_chars -= sum(len(t) for t in text)
         self.flushed_bytes -= sum(len(t.encode()) for t in text)
@@ -342,8 +427,15 @@ class Checkpointer:
     def _written(self, batch: _Batch, delta: str, *, revision: int, prefix_bytes: int) -> None:
         """``batch`` was applied: ``delta`` (its text) is durable at ``revision``."""
         self._history.append(
-            _Written(revision, prefix_bytes, delta, batch.tokens, batch.hidden_bytes)
+            _Written(
+                revision, prefix_bytes, delta, batch.tokens, batch.hidden_bytes, batch.announce
+            )
         )
+        if batch.calls is not None:
+            self._calls_written = batch.calls_version
+            del self._announce[: len(batch.announce)]
+        if batch.refusal:
+            self._refusal_written = batch.refusal
         del self._pending_text[: batch.items]
         self._pending_tokens -= batch.consumed
         self._pending_hidden -= batch.hidden_bytes

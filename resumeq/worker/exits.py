@@ -88,6 +88,7 @@ def _commit(
             ledger=ledger,
             delay_ms=decision.delay_ms,
             progressed=progressed,
+            discard=decision.discard,
         )
         return "queued"
     exit_state: Literal["abandoned", "spilled"] = "abandoned" if action == "abandon" else "spilled"

@@ -27,6 +27,8 @@ from resumeq.providers import (
     Started,
     StreamEvent,
     TextDelta,
+    ToolCallDelta,
+    ToolCallEnd,
     Usage,
 )
 from resumeq.worker.accounting import Accounting
@@ -151,6 +153,9 @@ class Streamer:
         result.usage = stream.usage
         if call.plan.kind == "reattach":
             result.usage = self.responses.reattached_usage(call.record, stream.usage)
+        if stream.finish_reason == "refusal" and not call.ckpt.refusal:
+            # Anthropic's refusal comes as text: the text is the refusal.
+            call.ckpt.refusal = result.received.text() or "refused"
         result.cut = Cut(kind="finished", finish_reason=stream.finish_reason)
 
     def open(
@@ -207,8 +212,26 @@ class Streamer:
             result.usage = event
             tally.reported = tally.reported or event.output_tokens is not None
             return
+        if isinstance(event, ToolCallEnd):
+            ckpt.tool_end(event.index)
+            return
         tally.exact = tally.exact and event.exact
         tally.reported = tally.reported or event.exact
+        if isinstance(event, ToolCallDelta):
+            tally.other_chunks += 1
+            tally.other_bytes += len(event.arguments.encode("utf-8"))
+            tally.other_tokens += event.tokens
+            position = self.responses.position(call, stream)
+            ckpt.tool(
+                event.index,
+                event.id,
+                event.name,
+                event.arguments,
+                event.tokens,
+                exact=event.exact,
+                response=position,
+            )
+            return
         if isinstance(event, TextDelta):
             if result.first_text_ms is None and event.text:
                 result.first_text_ms = now_ms()
@@ -224,6 +247,8 @@ class Streamer:
             tally.reasoning_bytes += size
             tally.reasoning_tokens += event.tokens
         else:
+            if event.kind == "refusal":
+                ckpt.refusal += event.text
             tally.other_chunks += bool(event.text)
             tally.other_bytes += size
             tally.other_tokens += event.tokens

@@ -83,6 +83,7 @@ else
 end
 if ARGV[12] == '1' and to_state == 'queued' then
   redis.call('DEL', text)
+  redis.call('HSET', job, 'answer_base', redis.call('HGET', job, 'spent_output_tokens'))
   redis.call('HDEL', job, 'tool_calls', 'refusal', 'response_id', 'response_seq', 'response_for',
     'response_attempt', 'response_spent_base', 'response_text_base')
   event(events, rev, 'state', to_state, 'reason', ARGV[4], 'reset', '1')

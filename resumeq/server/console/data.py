@@ -208,6 +208,7 @@ def job_view(store: Store, job_id: str) -> dict[str, Any]:
     info["events_trimmed"] = record.events_trimmed is not None
     info["messages"] = [{"role": m.role, "content": _content(m.content)} for m in record.spec.chat]
     info["live"] = not record.state.terminal and record.state is not JobState.SPILLED
+    info["has_tools"] = bool(record.spec.tools)
     return info
 
 

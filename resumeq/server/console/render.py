@@ -4,6 +4,7 @@ nothing changed), and the banner an action's redirect asks for by code."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -44,8 +45,17 @@ def _age(seconds: float | None) -> str:
     return f"{s // 86400}d {s % 86400 // 3600}h"
 
 
+def _pretty_json(text: str) -> str:
+    """A tool call's arguments, indented when they are JSON (as they came otherwise)."""
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
 ENV.filters["when"] = _when
 ENV.filters["age"] = _age
+ENV.filters["pretty_json"] = _pretty_json
 ENV.filters["num"] = lambda n: f"{int(n):,}" if n is not None else "—"
 
 

@@ -38,6 +38,30 @@ function followText(pre) {
     pre.dataset.revision = String(data.revision);
     pre.scrollTop = pre.scrollHeight;
   });
+  source.addEventListener("tool_call", (event) => {
+    // A call is sent once whole: its arguments as text, never as HTML.
+    const data = JSON.parse(event.data);
+    const list = document.getElementById("tool-calls");
+    if (!list) return;
+    const item = document.createElement("li");
+    const name = document.createElement("code");
+    name.className = "tool-name";
+    name.textContent = data.name;
+    const id = document.createElement("span");
+    id.className = "hint";
+    id.textContent = " " + data.id;
+    const args = document.createElement("pre");
+    args.className = "arguments";
+    args.textContent = data.arguments;
+    item.append(name, id, args);
+    list.appendChild(item);
+  });
+  source.addEventListener("reset", () => {
+    // The answer so far was not what was asked: it is asked again from the start.
+    pre.textContent = "";
+    newSegment();
+    since = 0;
+  });
   source.addEventListener("state", (event) => {
     const data = JSON.parse(event.data);
     if (state) {

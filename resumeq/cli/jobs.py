@@ -57,6 +57,8 @@ def _attempt_line(a: dict[str, Any]) -> str:
         persisted += f", {chars} chars" if chars else ", chars unknown"
         persisted += f", {size} bytes"
     parts.append(persisted)
+    if a.get("regenerated_tokens"):
+        parts.append(f"{a['regenerated_tokens']} tokens asked again ({a.get('regenerated', '')})")
     return f"{head}: {'; '.join(parts)}"
 
 
@@ -88,6 +90,10 @@ def _status_lines(info: dict[str, Any]) -> list[str]:
     lines.append(_row("spent_output_tokens", f"{spent}, floor_tokens {info['floor_tokens']}"))
     lines.extend(_row("attempt", _attempt_line(a)) for a in info["attempts"])
     lines.append(_row("text", f"{len(info['text'])} characters"))
+    for call in info.get("tool_calls") or ():
+        lines.append(_row("tool call", f"{call['name']} {call['id']}: {call['arguments']}"))
+    if info.get("refusal"):
+        lines.append(_row("refusal", info["refusal"]))
     return lines
 
 

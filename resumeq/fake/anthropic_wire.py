@@ -9,18 +9,30 @@ first, as a ``thinking`` block (``thinking_delta`` events, then a ``signature_de
 the text block is then index 1; ``output_tokens`` counts thinking too. ``input_tokens``
 excludes the cached parts, as on the real API. A prefill continues the final assistant
 message, which must not end in white space; the response text holds only the continuation.
+
+Tool calls follow the text as ``tool_use`` blocks: ``content_block_start`` with
+``{"type": "tool_use", "id": "toolu_…", "name", "input": {}}``, ``content_block_delta``
+events of ``{"type": "input_json_delta", "partial_json": piece}`` (grouped as text is),
+``content_block_stop``; ``stop_reason`` is ``tool_use``. Non-streamed, a ``tool_use`` block's
+``input`` is the arguments as an object (``{}`` when they were cut or broken, and are no JSON
+object). Messages may hold ``tool_use`` blocks (assistant) and ``tool_result`` blocks (user):
+they are the conversation's calls and tool results. Structured outputs (``output_config``
+``format``, or the beta ``output_format``) with a final assistant prefill are refused with
+a 400, as the real API refuses them. A refusal is a text block and ``stop_reason: refusal``.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 from collections.abc import Mapping
 from typing import Any
 
 from resumeq.fake.conversation import Conversation, InvalidRequest, conversation_of
-from resumeq.fake.plan import Finish, Part
+from resumeq.fake.plan import Finish, Part, Plan, PlannedCall, Segment
 from resumeq.fake.prompt import PromptCache, layout
+from resumeq.fake.shape import shape_of
 from resumeq.fake.text import draw
 from resumeq.fake.wire import (
     ErrorReply,
@@ -33,7 +45,17 @@ from resumeq.fake.wire import (
     positive_int,
 )
 
-STOP_REASONS: dict[Finish, str] = {"stop": "end_turn", "length": "max_tokens"}
+STOP_REASONS: dict[Finish, str] = {
+    "stop": "end_turn",
+    "length": "max_tokens",
+    "tool_calls": "tool_use",
+    "refusal": "refusal",
+}
+#: The real API's words for a prefill sent with structured outputs.
+PREFILL_WITH_FORMAT = (
+    "Prefilling the assistant message is not supported with structured outputs "
+    "(output_config.format): end the messages with a user turn, or drop the format."
+)
 
 _ERRORS: dict[int, tuple[str, str]] = {
     400: ("invalid_request_error", "Invalid request."),
@@ -84,7 +106,7 @@ class AnthropicStream:
         self._seed = request.conversation.seed()
         self._blocks = 0  # content blocks started; the open one is the last
 
-    def opening(self) -> list[bytes]:
+    def opening(self, completion: Plan) -> list[bytes]:
         message: dict[str, Any] = {
             "id": new_id("msg_"),
             "type": "message",
@@ -100,12 +122,13 @@ class AnthropicStream:
     def group(self, part: Part, emitted: int) -> int:
         return 1 + draw(self._seed, _GROUP_SALT, emitted) % MAX_GROUP
 
-    def start(self, part: Part) -> list[bytes]:
-        block = (
-            {"type": "thinking", "thinking": ""}
-            if part == "reasoning"
-            else {"type": "text", "text": ""}
-        )
+    def start(self, segment: Segment) -> list[bytes]:
+        block: dict[str, Any] = {"type": "text", "text": ""}
+        if segment.part == "reasoning":
+            block = {"type": "thinking", "thinking": ""}
+        elif segment.call is not None:
+            call = segment.call
+            block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
         start = {"type": "content_block_start", "index": self._blocks, "content_block": block}
         events = [_event("content_block_start", dumps(start))]
         if self._blocks == 0:
@@ -118,15 +141,17 @@ class AnthropicStream:
         body = {"type": "content_block_delta", "index": index, "delta": delta}
         return _event("content_block_delta", dumps(body))
 
-    def delta(self, part: Part, text: str, emitted: int) -> bytes:
-        if part == "reasoning":
+    def delta(self, segment: Segment, text: str, emitted: int) -> bytes:
+        if segment.part == "reasoning":
             return self._delta({"type": "thinking_delta", "thinking": text})
+        if segment.part == "call":
+            return self._delta({"type": "input_json_delta", "partial_json": text})
         return self._delta({"type": "text_delta", "text": text})
 
-    def stop(self, part: Part) -> list[bytes]:
+    def stop(self, segment: Segment) -> list[bytes]:
         stop = {"type": "content_block_stop", "index": self._blocks - 1}
         events = [_event("content_block_stop", dumps(stop))]
-        if part == "reasoning":
+        if segment.part == "reasoning":
             sign = {"type": "signature_delta", "signature": signature(self._seed)}
             events.insert(0, self._delta(sign))
         return events
@@ -150,17 +175,65 @@ class AnthropicStream:
         return whole[: len(whole) - 12] + b"\n\n"
 
 
+def tool_use_json(call: PlannedCall) -> dict[str, Any]:
+    try:
+        arguments = json.loads(call.arguments)
+    except ValueError:
+        arguments = None
+    arguments = arguments if isinstance(arguments, dict) else {}
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": arguments}
+
+
 def parse_conversation(body: Mapping[str, Any]) -> Conversation:
     messages = body.get("messages")
-    if isinstance(messages, list):
-        for index, item in enumerate(messages):
-            role = item.get("role") if isinstance(item, Mapping) else None
-            if role not in ("user", "assistant"):
-                raise InvalidRequest(
-                    f"messages.{index}.role: Input should be 'user' or 'assistant'",
-                    f"messages.{index}.role",
-                )
-    return conversation_of(messages, body.get("system"))
+    if not isinstance(messages, list):
+        return conversation_of(messages, body.get("system"))
+    turns: list[dict[str, Any]] = []
+    for index, item in enumerate(messages):
+        role = item.get("role") if isinstance(item, Mapping) else None
+        if role not in ("user", "assistant"):
+            raise InvalidRequest(
+                f"messages.{index}.role: Input should be 'user' or 'assistant'",
+                f"messages.{index}.role",
+            )
+        assert isinstance(item, Mapping)
+        turns.extend(chat_messages(item, f"messages.{index}"))
+    return conversation_of(turns, body.get("system"))
+
+
+def chat_messages(item: Mapping[str, Any], param: str) -> list[dict[str, Any]]:
+    """One Anthropic message in the chat shape: an assistant's ``tool_use`` blocks become
+    its ``tool_calls``; a user's ``tool_result`` blocks become tool messages (before what
+    else the message says)."""
+    content = item.get("content")
+    if not isinstance(content, list):
+        return [dict(item)]
+    blocks, calls, results = [], [], []
+    for n, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, Mapping) else None
+        if kind == "tool_use" and item["role"] == "assistant":
+            if not isinstance(block.get("input"), Mapping):
+                raise InvalidRequest(f"{param}.content.{n}.input: expected an object", param)
+            arguments = dumps(block["input"])
+            function = {"name": block.get("name"), "arguments": arguments}
+            calls.append({"id": block.get("id"), "type": "function", "function": function})
+        elif kind == "tool_result" and item["role"] == "user":
+            results.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": block.get("tool_use_id"),
+                    "content": block.get("content") or "",
+                }
+            )
+        else:
+            blocks.append(block)
+    out: list[dict[str, Any]] = results
+    if blocks or not results:
+        message: dict[str, Any] = {"role": item["role"], "content": blocks}
+        if calls:
+            message["tool_calls"] = calls
+        out.append(message)
+    return out
 
 
 class AnthropicWire:
@@ -179,12 +252,17 @@ class AnthropicWire:
                 "messages: final assistant content cannot end with trailing whitespace",
                 "messages",
             )
+        shape = shape_of("anthropic", body)
+        if shape.format is not None and last.prefill:
+            raise InvalidRequest(PREFILL_WITH_FORMAT, "messages")
         return Generation(
             conversation=conversation,
             continuation=conversation.continuation(),
             model=model,
             max_tokens=max_tokens,
             stream=body.get("stream") is True,
+            shape=shape,
+            call_prefix="toolu_",
         )
 
     def input_usage(self, cache: PromptCache, request: Generation) -> InputUsage:
@@ -202,8 +280,9 @@ class AnthropicWire:
         if output.reasoning:
             sign = signature(request.conversation.seed())
             content.append({"type": "thinking", "thinking": output.reasoning, "signature": sign})
-        if output.text or not output.reasoning:
+        if output.text or not (output.reasoning or output.calls):
             content.append({"type": "text", "text": output.text})
+        content.extend(tool_use_json(call) for call in output.calls)
         return {
             "id": new_id("msg_"),
             "type": "message",

@@ -7,7 +7,10 @@ follow them from where they ask. A reader that goes away (or is cut by a fault) 
 reading; the response goes on and is billed once, in the journal entry of its create.
 ``POST /v1/responses/{id}/cancel`` stops it. After the stream window (default 300 s, as
 OpenAI's) a stream of it is refused with OpenAI's 400; the response itself can still be
-retrieved whole, without ``stream``.
+retrieved whole, without ``stream``: mid-answer, its output holds the items done and the one
+being sent as far as it went (a message ``incomplete``, a call ``in_progress``). The calls
+of a response are in its events as in any stream's, so a reader from ``starting_after``
+gets the rest of a call's arguments.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from resumeq.fake.journal import Exchange
 from resumeq.fake.plan import Plan
-from resumeq.fake.responses_wire import ResponsesStream, message_item, response_object
+from resumeq.fake.responses_wire import ResponsesStream, response_object
 from resumeq.fake.wire import Generation, InputUsage
 
 #: How long a background response can be streamed after it was created (OpenAI: 5 minutes).
@@ -57,7 +60,6 @@ class BackgroundResponse:
     created_at: float = field(default_factory=time.time)
     status: str = "queued"
     events: list[Event] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
     final: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -102,22 +104,25 @@ class BackgroundResponse:
             self._set_status("in_progress")
             self._append(fmt.in_progress())
             emitted = 0
-            for part, pieces in completion.parts():
-                for data in fmt.start(part):
+            for segment in completion.segments():
+                for data in fmt.start(segment):
                     self._append(data)
-                journal = exchange.reasoning_pieces if part == "reasoning" else exchange.pieces
-                for piece in pieces:
+                journal = exchange.record(segment)
+                for piece in segment.pieces:
                     if emitted == min(self.fail_at, completion.tokens - 1):
                         return self._fail()
                     if not self._wait(self.delay_s if emitted else 0):
                         return self._stop()
-                    self._append(fmt.delta(part, piece, emitted + 1), tokens=1)
+                    with self._cond:  # what a retrieve shows moves with the events
+                        data = fmt.delta(segment, piece, emitted + 1)
+                    self._append(data, tokens=1)
                     journal.append(piece)
-                    if part == "text":
-                        self.text.append(piece)
                     emitted += 1
-                for data in fmt.stop(part):
+                with self._cond:
+                    closed = fmt.stop(segment)
+                for data in closed:
                     self._append(data)
+                exchange.closed(segment)
             status = "incomplete" if completion.finish == "length" else "completed"
             closing = fmt.closing(completion.finish, emitted, len(completion.reasoning))
             self.final = fmt.last_response
@@ -173,8 +178,8 @@ class BackgroundResponse:
         status = status or self.status
         if self.final is not None and status == self.status:
             return self.final
-        text = "".join(self.text)
-        output = [message_item(self._fmt.message_id, text, "incomplete")] if text else []
+        with self._cond:
+            output = self._fmt.output_so_far()
         return response_object(
             self.response_id,
             self.request,

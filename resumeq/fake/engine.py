@@ -59,7 +59,10 @@ class Engine(BaseModel):
         if wire != "openai":
             return request
         echo, continuation = "", request.continuation
-        if self.prefill_echo and continuation is not None and continuation.mode != "instruction":
+        repeats = continuation is not None and continuation.mode != "instruction"
+        # A model bound to a format answers the whole document again: nothing to echo.
+        if self.prefill_echo and repeats and not request.shape.constrained:
+            assert continuation is not None
             echo = continuation.prefix
         return dataclasses.replace(
             request,

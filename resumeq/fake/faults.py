@@ -32,6 +32,7 @@ FaultKind = Literal[
     "status",
     "sequence_skip",
     "sequence_repeat",
+    "corrupt",
 ]
 
 
@@ -56,6 +57,11 @@ class Fault(BaseModel):
       numbered): after ``after_tokens`` tokens send a delta whose ``sequence_number`` skips
       one, or the last delta again under its own number, then end the body. A wire without
       numbers sends a malformed event instead.
+    - ``corrupt``: after ``after_tokens`` tokens the rest of the JSON the answer holds (the
+      document, or the call the cut falls in and every call after it) is sent broken — its
+      closing brackets dropped, ``<garbage>`` after it — so it is no longer valid JSON; the
+      answer then ends as it would have, with its finish reason (a non-streamed one is the
+      body with that content). Text that is no JSON document is broken the same way.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -63,7 +69,7 @@ class Fault(BaseModel):
     #: What goes wrong (the list above).
     kind: FaultKind
     #: The stream faults fire after this many output tokens (at most all the request would
-    #: send, so a queued fault always fires); reasoning tokens count.
+    #: send, so a queued fault always fires); reasoning and arguments tokens count.
     after_tokens: int = Field(default=0, ge=0)
     #: ``status``: the HTTP status answered, with the wire's error body.
     status: int = Field(default=429, ge=400, le=599)

@@ -279,6 +279,8 @@ class FakeHandler(BaseHTTPRequestHandler):
                 request.continuation,
                 request.max_tokens,
                 state.completion_tokens,
+                shape=request.shape,
+                call_prefix=request.call_prefix,
             )
         except InvalidRequest as exc:
             exchange.outcome = "invalid_request"
@@ -292,6 +294,8 @@ class FakeHandler(BaseHTTPRequestHandler):
         if fault is None and chaos is not None:
             fault, source = chaos.draw(request.conversation.seed(), completion.tokens), "chaos"
         exchange.fault = {**fault.model_dump(), "source": source} if fault is not None else None
+        if fault is not None and fault.kind == "corrupt":  # the answer broken, sent whole
+            completion, fault = completion.corrupted(fault.after_tokens), None
         if fault is not None and fault.kind == "status":
             exchange.outcome = "status"
             reply = wire.error(fault.status, fault.message)
@@ -480,12 +484,13 @@ class FakeHandler(BaseHTTPRequestHandler):
                 pause(fault.seconds, self.state.stopped, self.connection)
             fault = None
         cut = completion.tokens if fault is None else min(fault.after_tokens, completion.tokens)
-        reasoning, pieces = completion.head(cut)
-        output = Output("".join(pieces), "".join(reasoning), cut, len(reasoning))
+        sent = completion.head(cut)
+        output = Output.of(sent)
         if fault is None:
             body = wire.body(call.request, output, completion.finish, call.usage)
-            exchange.reasoning_pieces.extend(reasoning)
-            exchange.pieces.extend(pieces)
+            for segment in sent.segments():
+                exchange.record(segment).extend(segment.pieces)
+                exchange.closed(segment)
             exchange.outcome, exchange.finish_reason = "finished", completion.finish
             exchange.status, exchange.response = 200, body
             self._send_json(200, body)

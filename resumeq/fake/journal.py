@@ -12,6 +12,12 @@ front of it (``prefill_echo``, sent with the first generated token), not output,
 Anthropic ``input_tokens + cache_read_input_tokens + cache_creation_input_tokens``); counting
 endpoints and refused requests bill nothing. ``fault`` is the fault applied, with its ``source``:
 ``queue`` (``/_fake/faults``) or ``chaos`` (the seeded random plan).
+
+``tool_calls`` are the calls sent, in order: ``{"id", "name", "arguments", "tokens",
+"complete"}`` with ``arguments`` the text sent (partial when the answer was cut inside it,
+broken by a ``corrupt`` fault) and ``complete`` true once the whole of it went out unbroken;
+their tokens count in ``tokens_emitted`` and ``output_tokens_billed``. ``refusal`` is a
+refusal's text (None when the model did not refuse; ``text`` is then empty).
 """
 
 from __future__ import annotations
@@ -19,7 +25,30 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from resumeq.fake.plan import Segment
+
+
+@dataclass
+class SentCall:
+    """A tool call as far as it went out."""
+
+    id: str
+    name: str
+    pieces: list[str] = field(default_factory=list)
+    complete: bool = False
+
+    def snapshot(self) -> dict[str, Any]:
+        pieces = list(self.pieces)
+        return {
+            "id": self.id,
+            "name": self.name,
+            "arguments": "".join(pieces),
+            "tokens": len(pieces),
+            "complete": self.complete,
+        }
 
 
 @dataclass
@@ -38,6 +67,8 @@ class Exchange:
     finish_reason: str | None = None
     pieces: list[str] = field(default_factory=list)
     reasoning_pieces: list[str] = field(default_factory=list)
+    refusal_pieces: list[str] = field(default_factory=list)
+    calls: list[SentCall] = field(default_factory=list)
     echo_chars: int = 0
     output_tokens_billed: int = 0
     input_tokens_billed: int = 0
@@ -45,10 +76,45 @@ class Exchange:
     cache_creation_input_tokens: int = 0
     response: Any = None
 
+    def record(self, segment: Segment) -> list[str]:
+        """The list a segment's pieces are journalled in as they go out (a call's opens)."""
+        if segment.part == "reasoning":
+            return self.reasoning_pieces
+        if segment.part == "refusal":
+            return self.refusal_pieces
+        if segment.call is None:
+            return self.pieces
+        for sent in self.calls:
+            if sent.id == segment.call.id:
+                return sent.pieces
+        self.calls.append(SentCall(segment.call.id, segment.call.name))
+        return self.calls[-1].pieces
+
+    def closed(self, segment: Segment) -> None:
+        """A segment went out to its end: a call whose arguments are whole is complete."""
+        if segment.call is not None and segment.call.complete:
+            for sent in self.calls:
+                if sent.id == segment.call.id:
+                    sent.complete = len(sent.pieces) == len(segment.pieces)
+
+    def mark(self) -> tuple[int, ...]:
+        """How much is journalled now (see :meth:`rollback`)."""
+        lists = (self.reasoning_pieces, self.pieces, self.refusal_pieces)
+        return (*(len(x) for x in lists), len(self.calls), *(len(c.pieces) for c in self.calls))
+
+    def rollback(self, mark: tuple[int, ...]) -> None:
+        """Forget what was journalled since ``mark``: it never went out."""
+        del self.reasoning_pieces[mark[0] :], self.pieces[mark[1] :]
+        del self.refusal_pieces[mark[2] :], self.calls[mark[3] :]
+        for sent, count in zip(self.calls, mark[4:], strict=True):
+            del sent.pieces[count:]
+
     def snapshot(self) -> dict[str, Any]:
         pieces = list(self.pieces)
         reasoning = list(self.reasoning_pieces)
-        emitted = len(reasoning) + len(pieces)
+        refusal = list(self.refusal_pieces)
+        calls = [call.snapshot() for call in list(self.calls)]
+        emitted = len(reasoning) + len(pieces) + len(refusal) + sum(c["tokens"] for c in calls)
         return {
             "seq": self.seq,
             "received_at": self.received_at,
@@ -67,6 +133,8 @@ class Exchange:
             "text": "".join(pieces),
             "reasoning_tokens": len(reasoning),
             "reasoning": "".join(reasoning),
+            "refusal": "".join(refusal) if refusal else None,
+            "tool_calls": calls,
             "echo_chars": self.echo_chars,
             "output_tokens_billed": max(self.output_tokens_billed, emitted),
             "input_tokens_billed": self.input_tokens_billed,

@@ -8,6 +8,14 @@ Streams are ``data: {chunk}`` events: a first chunk with ``delta.role``, one chu
 ``completion_tokens_details.reasoning_tokens`` says how much. The in-band error is vLLM's:
 ``data: {"error": {...}}`` followed by ``data: [DONE]``. How the engine echoes a prefill is
 :mod:`resumeq.fake.engine`'s.
+
+Tool calls (:mod:`resumeq.fake.answer`) follow the text: a call's first chunk is
+``delta.tool_calls: [{"index": i, "id": "call_…", "type": "function", "function": {"name",
+"arguments": ""}}]`` (no token), then one ``{"index": i, "function": {"arguments": piece}}``
+chunk per token; ``finish_reason`` is ``tool_calls``. A non-streamed answer has
+``message.tool_calls`` and ``content: null`` when there is no text. A refusal streams
+``delta.refusal`` pieces (the first chunk has ``content: null, refusal: ""``) and finishes
+``stop``; non-streamed, ``content`` is null and ``refusal`` holds it.
 """
 
 from __future__ import annotations
@@ -17,8 +25,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from resumeq.fake.conversation import InvalidRequest, conversation_of
-from resumeq.fake.plan import Finish, Part
+from resumeq.fake.plan import Finish, Part, Plan, PlannedCall, Segment
 from resumeq.fake.prompt import PromptCache, layout
+from resumeq.fake.shape import shape_of
 from resumeq.fake.stream import StreamFormat
 from resumeq.fake.wire import (
     ErrorReply,
@@ -32,6 +41,13 @@ from resumeq.fake.wire import (
 )
 
 FINGERPRINT = "fp_resumeq_fake"
+#: ``finish_reason`` for each way an answer ends (a refusal ends ``stop``).
+FINISH_REASONS: dict[Finish, str] = {
+    "stop": "stop",
+    "length": "length",
+    "tool_calls": "tool_calls",
+    "refusal": "stop",
+}
 
 _ERRORS: dict[int, tuple[str, str | None, str]] = {
     400: ("invalid_request_error", None, "Invalid request."),
@@ -63,6 +79,14 @@ def usage_json(
     return body
 
 
+def tool_call_json(call: PlannedCall) -> dict[str, Any]:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
 class OpenAIStream:
     def __init__(self, request: Generation, usage: InputUsage) -> None:
         head = {
@@ -92,33 +116,56 @@ class OpenAIStream:
             f'[{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}]', emitted
         )
 
-    def opening(self) -> list[bytes]:
-        delta = '{"role":"assistant","content":"","refusal":null}'
-        choices = f'[{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}]'
+    def opening(self, completion: Plan) -> list[bytes]:
+        texts = bool(completion.pieces or not completion.calls or self._echo)
+        delta: dict[str, Any] = {"role": "assistant", "content": "", "refusal": None}
+        if completion.refusal:
+            delta = {"role": "assistant", "content": None, "refusal": ""}
+        elif not texts:
+            delta["content"] = None
+        choices = f'[{{"index":0,"delta":{dumps(delta)},"logprobs":null,"finish_reason":null}}]'
         return [self._chunk(choices, 0)]
 
     def group(self, part: Part, emitted: int) -> int:
         return 1
 
-    def start(self, part: Part) -> list[bytes]:
-        return []
+    def start(self, segment: Segment) -> list[bytes]:
+        call = segment.call
+        if call is None:
+            return []
+        head = {
+            "index": call.index,
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }
+        return [*self._flush_echo(), self._delta(dumps({"tool_calls": [head]}), self._emitted)]
 
-    def delta(self, part: Part, text: str, emitted: int) -> bytes:
+    def delta(self, segment: Segment, text: str, emitted: int) -> bytes:
         self._emitted = emitted
-        if part == "reasoning":
+        if segment.call is not None:
+            piece = {"index": segment.call.index, "function": {"arguments": text}}
+            return self._delta(dumps({"tool_calls": [piece]}), emitted)
+        if segment.part == "reasoning":
             return self._delta('{"reasoning_content":' + dumps(text) + "}", emitted)
+        if segment.part == "refusal":
+            return self._delta('{"refusal":' + dumps(text) + "}", emitted)
         text, self._echo = self._echo + text, ""
         return self._delta('{"content":' + dumps(text) + "}", emitted)
 
-    def stop(self, part: Part) -> list[bytes]:
+    def stop(self, segment: Segment) -> list[bytes]:
+        return self._flush_echo() if segment.part == "text" else []
+
+    def _flush_echo(self) -> list[bytes]:
         """An echo that found no generated token to go with goes out alone."""
-        if part != "text" or not self._echo:
+        if not self._echo:
             return []
         echo, self._echo = self._echo, ""
         return [self._delta('{"content":' + dumps(echo) + "}", self._emitted)]
 
     def closing(self, finish: Finish, emitted: int, reasoning: int) -> list[bytes]:
-        choices = f'[{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"{finish}"}}]'
+        reason = FINISH_REASONS[finish]
+        choices = f'[{{"index":0,"delta":{{}},"logprobs":null,"finish_reason":"{reason}"}}]'
         events = [self._chunk(choices, emitted)]
         if self._request.include_usage:
             usage = dumps(usage_json(self._usage, emitted, reasoning))
@@ -175,6 +222,7 @@ class OpenAIWire:
             stream=stream,
             include_usage=include_usage,
             continuous_usage=include_usage and options.get("continuous_usage_stats") is True,
+            shape=shape_of("openai", body),
         )
 
     def input_usage(self, cache: PromptCache, request: Generation) -> InputUsage:
@@ -187,21 +235,27 @@ class OpenAIWire:
     def body(
         self, request: Generation, output: Output, finish: Finish | None, usage: InputUsage
     ) -> dict[str, Any]:
+        content: str | None = request.echo + output.text
+        if output.refusal or (output.calls and not content):
+            content = None
         message: dict[str, Any] = {
             "role": "assistant",
-            "content": request.echo + output.text,
-            "refusal": None,
+            "content": content,
+            "refusal": output.text if output.refusal else None,
             "annotations": [],
         }
         if output.reasoning:
             message["reasoning_content"] = output.reasoning
+        if output.calls:
+            message["tool_calls"] = [tool_call_json(call) for call in output.calls]
+        reason = FINISH_REASONS[finish] if finish is not None else None
         return {
             "id": new_id("chatcmpl-"),
             "object": "chat.completion",
             "created": int(time.time()),
             "model": request.model,
             "choices": [
-                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
             ],
             "usage": usage_json(usage, output.tokens, output.reasoning_tokens),
             "service_tier": "default",

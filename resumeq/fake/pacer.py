@@ -237,14 +237,14 @@ class Pacer:
         costs less, not more."""
         stream.paused = False
         exchange = stream.exchange
-        mark = len(exchange.reasoning_pieces), len(exchange.pieces)
+        mark = exchange.mark()
         try:
             out, pause = _due_steps(stream, resume, now)
             if out:
                 self._write(stream, b"".join(out))
         except Exception as exc:  # the client hung up, or a bug in the steps: for the connection
             # The steps journal a token as they give its chunk: not one of these went out.
-            del exchange.reasoning_pieces[mark[0] :], exchange.pieces[mark[1] :]
+            exchange.rollback(mark)
             stream.error = exc
             self._end(stream)
             return

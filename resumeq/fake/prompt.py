@@ -2,7 +2,9 @@
 
 Layout: each message is ``<|role|>``, its content tokens, then ``<|end|>``; the prompt ends with
 ``<|assistant|>``. A final assistant message being continued stays open (no ``<|end|>``, no
-``<|assistant|>``). So ``[user: X]`` costs ``count_tokens(X) + 3`` input tokens.
+``<|assistant|>``). So ``[user: X]`` costs ``count_tokens(X) + 3`` input tokens. An assistant
+message's tool calls follow its content: each call's name and arguments, as tokens. Tool
+definitions and a response format are not billed.
 
 Caching follows the real APIs. OpenAI: a prompt of at least 1024 tokens whose prefix was seen
 before reports ``cached_tokens`` for the longest such prefix, in steps of 128 past 1024.
@@ -44,9 +46,10 @@ def layout(conversation: Conversation, *, generation_prompt: bool = True) -> Pro
             tokens.extend(tokenize(block.text))
             if block.cache_control:
                 breakpoints.append(len(tokens))
-        last = index == len(messages) - 1
-        continuing = last and message.role == "assistant" and bool(message.text)
-        if continuing:
+        for call in message.tool_calls:
+            tokens.extend(tokenize(call.name))
+            tokens.extend(tokenize(call.arguments))
+        if index == len(messages) - 1 and message.prefill:
             return PromptLayout(tuple(tokens), tuple(breakpoints))
         tokens.append(END)
     if generation_prompt:

@@ -14,10 +14,19 @@ item — ``response.output_item.added``, ``response.content_part.added``, one
 ``output_tokens_details.reasoning_tokens``) is only in the terminal event. There is no
 ``[DONE]``. The in-band error is the ``error`` event.
 
-The input is ``input`` (a string, or a list of items: messages with a role and a string or a
-list of ``input_text`` / ``output_text`` parts) and ``instructions`` (a system message in
-front). A final assistant message with ``status: "in_progress"`` is continued, vLLM's way
-(Chat Completions' ``continue_final_message``).
+Tool calls follow the message as ``function_call`` items: ``response.output_item.added``
+(``{"type": "function_call", "id": "fc_…", "call_id": "call_…", "name", "arguments": "",
+"status": "in_progress"}``), one ``response.function_call_arguments.delta`` (``item_id``,
+``output_index``, ``delta``) per token, ``response.function_call_arguments.done``
+(``arguments``), ``response.output_item.done`` (``completed``; ``incomplete`` when the budget
+cut it); the terminal event's ``output`` holds them. A refusal is the message's ``refusal``
+part: ``response.content_part.added`` with ``{"type": "refusal", "refusal": ""}``,
+``response.refusal.delta`` events, ``response.refusal.done``. The response object echoes the
+request's ``tools``, ``tool_choice`` and ``text``.
+
+The input (:mod:`resumeq.fake.responses_input`) is ``input`` and ``instructions``. A final
+assistant message with ``status: "in_progress"`` is continued, vLLM's way (Chat Completions'
+``continue_final_message``).
 """
 
 from __future__ import annotations
@@ -26,11 +35,14 @@ import random
 import string
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from resumeq.fake.conversation import InvalidRequest, conversation_of
 from resumeq.fake.openai_wire import OpenAIWire
-from resumeq.fake.plan import Finish, Part
+from resumeq.fake.plan import Finish, Part, Plan, PlannedCall, Segment
+from resumeq.fake.responses_input import items_to_messages
+from resumeq.fake.shape import shape_of
 from resumeq.fake.stream import StreamFormat
 from resumeq.fake.wire import (
     ErrorReply,
@@ -72,6 +84,7 @@ def response_object(
     error: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The response object as the API shows it, in every event that carries one."""
+    declared = request.shape.declared
     return {
         "id": response_id,
         "object": "response",
@@ -84,14 +97,14 @@ def response_object(
         "max_output_tokens": request.max_tokens,
         "model": request.model,
         "output": output or [],
-        "parallel_tool_calls": True,
+        "parallel_tool_calls": request.shape.parallel,
         "previous_response_id": None,
         "reasoning": {"effort": None, "summary": None},
         "store": store,
         "temperature": 1.0,
-        "text": {"format": {"type": "text"}},
-        "tool_choice": "auto",
-        "tools": [],
+        "text": declared.get("text", {"format": {"type": "text"}}),
+        "tool_choice": declared.get("tool_choice", "auto"),
+        "tools": declared.get("tools", []),
         "top_p": 1.0,
         "truncation": "disabled",
         "usage": usage,
@@ -100,13 +113,15 @@ def response_object(
     }
 
 
-def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    content = [{"type": "output_text", "annotations": [], "logprobs": [], "text": text}]
+def message_item(item_id: str, text: str, status: str, *, refusal: bool = False) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
+    if refusal:
+        part = {"type": "refusal", "refusal": text}
     return {
         "id": item_id,
         "type": "message",
         "status": status,
-        "content": content if status != "in_progress" else [],
+        "content": [part] if status != "in_progress" else [],
         "role": "assistant",
     }
 
@@ -116,6 +131,42 @@ def reasoning_item(item_id: str, text: str, done: bool) -> dict[str, Any]:
     if done:
         item["content"] = [{"type": "reasoning_text", "text": text}]
     return item
+
+
+def function_call_item(call: PlannedCall, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "id": call.item_id,
+        "type": "function_call",
+        "status": status,
+        "arguments": arguments,
+        "call_id": call.id,
+        "name": call.name,
+    }
+
+
+def _call_status(call: PlannedCall) -> str:
+    """A call sent to its end: ``completed``, or ``incomplete`` when the budget cut it."""
+    return "completed" if call.complete or call.broken else "incomplete"
+
+
+@dataclass
+class _Open:
+    """The output item being sent, and its text so far."""
+
+    segment: Segment
+    item_id: str
+    index: int
+    texts: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+    def where(self) -> dict[str, Any]:
+        where: dict[str, Any] = {"item_id": self.item_id, "output_index": self.index}
+        if self.segment.part != "call":
+            where["content_index"] = 0
+        return where
 
 
 class ResponsesStream:
@@ -140,19 +191,13 @@ class ResponsesStream:
         self._created = int(time.time())
         self._rng = random.Random(self.response_id)
         self._sequence = 0
-        self._echo = request.echo
-        self._texts: dict[Part, list[str]] = {"reasoning": [], "text": []}
-        self._items: list[dict[str, Any]] = []
-        self._ids: dict[Part, str] = {}
+        self._message_id = new_id("msg_")
+        self._items: list[dict[str, Any]] = []  # the output items done
+        self._open: _Open | None = None
         self._last_delta: bytes | None = None
-        self._part: Part = "text"  # the part the last delta was of
+        self._last: Segment = Segment("text", ())  # the segment the last delta was of
         #: The response object of the terminal event, once sent.
         self.last_response: dict[str, Any] | None = None
-
-    @property
-    def message_id(self) -> str:
-        """The id of the answer's message item (made when it starts, or now)."""
-        return self._ids.setdefault("text", new_id("msg_"))
 
     def event(self, kind: str, fields: dict[str, Any]) -> bytes:
         data = dumps({"type": kind, "sequence_number": self._sequence, **fields})
@@ -170,10 +215,7 @@ class ResponsesStream:
             **extra,
         )
 
-    def _index(self, part: Part) -> int:
-        return 0 if part == "reasoning" or not self._texts["reasoning"] else 1
-
-    def opening(self) -> list[bytes]:
+    def opening(self, completion: Plan) -> list[bytes]:
         return [self.created(), self.in_progress()]
 
     def created(self) -> bytes:
@@ -187,71 +229,109 @@ class ResponsesStream:
     def group(self, part: Part, emitted: int) -> int:
         return 1
 
-    def start(self, part: Part) -> list[bytes]:
-        item_id = self._ids[part] = (
-            new_id("rs_") if part == "reasoning" else self._ids.get("text") or new_id("msg_")
-        )
-        index = self._index(part)
-        part_added: dict[str, Any]
-        if part == "reasoning":
+    def start(self, segment: Segment) -> list[bytes]:
+        part, index = segment.part, len(self._items)
+        part_added: dict[str, Any] | None
+        if segment.call is not None:
+            item_id = segment.call.item_id
+            added = function_call_item(segment.call, "", "in_progress")
+            part_added = None
+        elif part == "reasoning":
+            item_id = new_id("rs_")
             added = reasoning_item(item_id, "", done=False)
             part_added = {"type": "reasoning_text", "text": ""}
         else:
+            item_id = self._message_id
             added = message_item(item_id, "", "in_progress")
             part_added = {"type": "output_text", "annotations": [], "logprobs": [], "text": ""}
-        where = {"item_id": item_id, "output_index": index, "content_index": 0}
-        return [
-            self.event("response.output_item.added", {"output_index": index, "item": added}),
-            self.event("response.content_part.added", {**where, "part": part_added}),
-        ]
+            if part == "refusal":
+                part_added = {"type": "refusal", "refusal": ""}
+        self._open = opened = _Open(segment, item_id, index)
+        events = [self.event("response.output_item.added", {"output_index": index, "item": added})]
+        if part_added is not None:
+            events.append(
+                self.event("response.content_part.added", {**opened.where(), "part": part_added})
+            )
+        return events
 
-    def delta(self, part: Part, text: str, emitted: int) -> bytes:
-        self._part = part
-        if part == "text":
-            text, self._echo = self._echo + text, ""
-        self._texts[part].append(text)
-        fields: dict[str, Any] = {
-            "item_id": self._ids[part],
-            "output_index": self._index(part),
-            "content_index": 0,
-            "delta": text,
-        }
-        if part == "reasoning":
-            self._last_delta = self.event("response.reasoning_text.delta", fields)
-            return self._last_delta
-        fields["logprobs"] = []
-        if self._obfuscation:
-            # OpenAI pads each delta with random characters so that sizes on the wire do
-            # not tell the tokens.
-            size = self._rng.randint(1, 16)
-            fields["obfuscation"] = "".join(self._rng.choices(_OBFUSCATION, k=size))
-        self._last_delta = self.event("response.output_text.delta", fields)
+    def _opened(self, segment: Segment) -> _Open:
+        if self._open is None or self._open.segment != segment:
+            self._open = _Open(segment, self._message_id, len(self._items))
+        return self._open
+
+    def delta(self, segment: Segment, text: str, emitted: int) -> bytes:
+        self._last = segment
+        opened = self._opened(segment)
+        opened.texts.append(text)
+        fields: dict[str, Any] = {**opened.where(), "delta": text}
+        kind = {
+            "reasoning": "response.reasoning_text.delta",
+            "refusal": "response.refusal.delta",
+            "call": "response.function_call_arguments.delta",
+        }.get(segment.part)
+        if kind is None:
+            kind = "response.output_text.delta"
+            fields["logprobs"] = []
+            if self._obfuscation:
+                # OpenAI pads each delta with random characters so that sizes on the wire
+                # do not tell the tokens.
+                size = self._rng.randint(1, 16)
+                fields["obfuscation"] = "".join(self._rng.choices(_OBFUSCATION, k=size))
+        self._last_delta = self.event(kind, fields)
         return self._last_delta
 
-    def stop(self, part: Part) -> list[bytes]:
-        text = "".join(self._texts[part])
-        if part == "text" and self._echo:  # an echo that found no token to go with
-            text, self._echo = self._echo + text, ""
-        item_id, index = self._ids.get(part, ""), self._index(part)
-        where = {"item_id": item_id, "output_index": index, "content_index": 0}
-        if part == "reasoning":
-            item = reasoning_item(item_id, text, done=True)
-            self._items.append(item)
-            return [
-                self.event("response.reasoning_text.done", {**where, "text": text}),
-                self.event(
-                    "response.content_part.done",
-                    {**where, "part": {"type": "reasoning_text", "text": text}},
-                ),
-                self.event("response.output_item.done", {"output_index": index, "item": item}),
+    def stop(self, segment: Segment) -> list[bytes]:
+        opened = self._opened(segment)
+        self._open = None
+        text, where, index = opened.text, opened.where(), opened.index
+        if segment.call is not None:
+            item = function_call_item(segment.call, text, _call_status(segment.call))
+            done = [
+                self.event("response.function_call_arguments.done", {**where, "arguments": text})
             ]
-        item = message_item(item_id, text, "completed")
+        elif segment.part == "reasoning":
+            item = reasoning_item(opened.item_id, text, done=True)
+            done = [
+                self.event("response.reasoning_text.done", {**where, "text": text}),
+                self.event("response.content_part.done", {**where, "part": item["content"][0]}),
+            ]
+        else:
+            refusal = segment.part == "refusal"
+            item = message_item(opened.item_id, text, "completed", refusal=refusal)
+            text_done = (
+                self.event("response.refusal.done", {**where, "refusal": text})
+                if refusal
+                else self.event(
+                    "response.output_text.done", {**where, "text": text, "logprobs": []}
+                )
+            )
+            done = [
+                text_done,
+                self.event("response.content_part.done", {**where, "part": item["content"][0]}),
+            ]
         self._items.append(item)
         return [
-            self.event("response.output_text.done", {**where, "text": text, "logprobs": []}),
-            self.event("response.content_part.done", {**where, "part": item["content"][0]}),
+            *done,
             self.event("response.output_item.done", {"output_index": index, "item": item}),
         ]
+
+    def output_so_far(self) -> list[dict[str, Any]]:
+        """The output items as a retrieve shows them mid-answer: those done, then the one
+        being sent, as far as it went."""
+        items = list(self._items)
+        opened = self._open
+        if opened is not None and opened.texts:
+            segment = opened.segment
+            if segment.call is not None:
+                items.append(function_call_item(segment.call, opened.text, "in_progress"))
+            elif segment.part == "reasoning":
+                items.append(reasoning_item(opened.item_id, opened.text, done=False))
+            else:
+                refusal = segment.part == "refusal"
+                items.append(
+                    message_item(opened.item_id, opened.text, "incomplete", refusal=refusal)
+                )
+        return items
 
     def closing(self, finish: Finish, emitted: int, reasoning: int) -> list[bytes]:
         usage = usage_json(self._usage, emitted, reasoning)
@@ -279,61 +359,11 @@ class ResponsesStream:
         if repeat and self._last_delta is not None:
             return self._last_delta
         self._sequence += 1
-        return self.delta(self._part, " skipped", 0)
+        return self.delta(self._last, " skipped", 0)
 
     def malformed(self) -> bytes:
-        whole = self.delta(self._part, " interrupted", 0).rstrip(b"\n")
+        whole = self.delta(self._last, " interrupted", 0).rstrip(b"\n")
         return whole[: len(whole) // 2] + b"\n\n"
-
-
-def _items_to_messages(body: Mapping[str, Any]) -> tuple[list[dict[str, Any]], bool]:
-    """``input`` (and ``instructions``) as chat messages; whether the last one, an
-    assistant message ``in_progress``, is to be continued."""
-    raw = body.get("input")
-    if isinstance(raw, str):
-        items: list[Any] = [{"role": "user", "content": raw}]
-    elif isinstance(raw, list) and raw:
-        items = raw
-    else:
-        raise InvalidRequest("input: expected a string or a non-empty list of items", "input")
-    messages: list[dict[str, Any]] = []
-    instructions = body.get("instructions")
-    if instructions is not None:
-        if not isinstance(instructions, str):
-            raise InvalidRequest("instructions: expected a string", "instructions")
-        messages.append({"role": "system", "content": instructions})
-    continue_final = False
-    for index, item in enumerate(items):
-        param = f"input.{index}"
-        if not isinstance(item, Mapping):
-            raise InvalidRequest(f"{param}: expected an object", param)
-        if item.get("type", "message") != "message":
-            raise InvalidRequest(f"{param}.type: only message items are supported", param)
-        messages.append({"role": item.get("role"), "content": _content(item, param)})
-        if item.get("status") == "in_progress":
-            if not (index == len(items) - 1 and item.get("role") == "assistant"):
-                raise InvalidRequest(
-                    f"{param}.status: only the last, assistant message may be in_progress",
-                    param,
-                )
-            continue_final = True
-    return messages, continue_final
-
-
-def _content(item: Mapping[str, Any], param: str) -> Any:
-    """A message's content as the chat wire has it: a string, or a list of text blocks."""
-    content = item.get("content")
-    if not isinstance(content, list):
-        return content
-    parts = []
-    for n, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, Mapping) else None
-        if kind not in ("input_text", "output_text", "text"):
-            raise InvalidRequest(
-                f"{param}.content.{n}: expected an input_text or output_text part", param
-            )
-        parts.append({"type": "text", "text": part.get("text")})
-    return parts
 
 
 class ResponsesWire(OpenAIWire):
@@ -343,7 +373,7 @@ class ResponsesWire(OpenAIWire):
 
     def parse(self, body: Mapping[str, Any]) -> Generation:
         model = model_of(body)
-        messages, continue_final = _items_to_messages(body)
+        messages, continue_final = items_to_messages(body)
         stream = body.get("stream") is True
         options = body.get("stream_options")
         if options is not None and not stream:
@@ -369,6 +399,7 @@ class ResponsesWire(OpenAIWire):
             stream=stream,
             include_usage=True,
             obfuscation=options.get("include_obfuscation") is not False,
+            shape=shape_of("responses", body),
         )
 
     def stream_format(self, request: Generation, usage: InputUsage) -> StreamFormat:
@@ -380,7 +411,12 @@ class ResponsesWire(OpenAIWire):
         items: list[dict[str, Any]] = []
         if output.reasoning:
             items.append(reasoning_item(new_id("rs_"), output.reasoning, done=True))
-        items.append(message_item(new_id("msg_"), request.echo + output.text, "completed"))
+        if output.text or not output.calls:
+            text = request.echo + output.text
+            items.append(message_item(new_id("msg_"), text, "completed", refusal=output.refusal))
+        items.extend(
+            function_call_item(call, call.arguments, _call_status(call)) for call in output.calls
+        )
         status = "incomplete" if finish == "length" else "completed"
         return response_object(
             new_id("resp_"),

@@ -1,8 +1,10 @@
 """Sending a streamed completion, one SSE event per HTTP chunk, and applying stream faults.
 
-Each part of the output (reasoning, then text) is opened, sent as deltas of as many tokens
-as the wire groups together, and closed. A fault fires once its number of tokens is out,
-reasoning and text counted together, before anything else is sent (a group is cut short).
+Each part of the output (reasoning, then text or a refusal, then each tool call's arguments:
+:meth:`resumeq.fake.plan.Plan.segments`) is opened, sent as deltas of as many tokens as the
+wire groups together, and closed. A fault fires once its number of tokens is out, reasoning,
+text and arguments counted together, before anything else is sent (a group is cut short), so
+it can cut inside a call's arguments.
 """
 
 from __future__ import annotations
@@ -13,24 +15,24 @@ from typing import Protocol
 
 from resumeq.fake.faults import Fault
 from resumeq.fake.journal import Exchange
-from resumeq.fake.plan import Finish, Part, Plan
+from resumeq.fake.plan import Finish, Part, Plan, Segment
 
 
 class StreamFormat(Protocol):
     """The events of one wire, already framed as SSE (``...\\n\\n``). ``emitted`` counts
-    every output token sent so far, reasoning included."""
+    every output token sent so far, reasoning and arguments included."""
 
-    def opening(self) -> list[bytes]: ...
+    def opening(self, completion: Plan) -> list[bytes]: ...
 
     def group(self, part: Part, emitted: int) -> int:
         """How many tokens the delta after ``emitted`` tokens carries (at least 1)."""
         ...
 
-    def start(self, part: Part) -> list[bytes]: ...
+    def start(self, segment: Segment) -> list[bytes]: ...
 
-    def delta(self, part: Part, text: str, emitted: int) -> bytes: ...
+    def delta(self, segment: Segment, text: str, emitted: int) -> bytes: ...
 
-    def stop(self, part: Part) -> list[bytes]: ...
+    def stop(self, segment: Segment) -> list[bytes]: ...
 
     def closing(self, finish: Finish, emitted: int, reasoning: int) -> list[bytes]: ...
 
@@ -69,23 +71,22 @@ def stream_steps(
     elif fault is not None:
         cut_at = min(fault.after_tokens, completion.tokens)
     emitted = 0
-    for data in fmt.opening():
+    for data in fmt.opening(completion):
         yield chunk(data)
-    for part, pieces in completion.parts():
-        for data in fmt.start(part):
+    for segment in completion.segments():
+        for data in fmt.start(segment):
             yield chunk(data)
         marks = _Marks(cut_at, pause_at, fault, delay_s)
-        emitted = yield from _deltas(
-            fmt, part, pieces, exchange=exchange, emitted=emitted, marks=marks
-        )
+        emitted = yield from _deltas(fmt, segment, exchange=exchange, emitted=emitted, marks=marks)
         if emitted < 0:
             exchange.outcome = "server_stopped"
             return False
         pause_at = marks.pause_at
         if emitted == cut_at and fault is not None:
             return (yield from _apply(fmt, fault, exchange))
-        for data in fmt.stop(part):
+        for data in fmt.stop(segment):
             yield chunk(data)
+        exchange.closed(segment)
     for data in fmt.closing(completion.finish, emitted, len(completion.reasoning)):
         yield chunk(data)
     yield END
@@ -106,8 +107,7 @@ class _Marks:
 
 def _deltas(
     fmt: StreamFormat,
-    part: Part,
-    pieces: Sequence[str],
+    segment: Segment,
     *,
     exchange: Exchange,
     emitted: int,
@@ -115,7 +115,9 @@ def _deltas(
 ) -> Generator[Step, bool | None, int]:
     """One part's deltas, up to a cut; a pause fault is kept where it falls. Answers the
     tokens emitted in all, or -1 when the server stopped meanwhile."""
-    journal = exchange.reasoning_pieces if part == "reasoning" else exchange.pieces
+    journal = exchange.record(segment)
+    pieces: Sequence[str] = segment.pieces
+    part = segment.part
     sent = 0
     while sent < len(pieces) and emitted != marks.cut_at:
         if emitted == marks.pause_at and marks.fault is not None:
@@ -131,7 +133,7 @@ def _deltas(
         if pause and (yield pause):
             return -1
         group = pieces[sent : sent + size]
-        yield chunk(fmt.delta(part, "".join(group), emitted + size))
+        yield chunk(fmt.delta(segment, "".join(group), emitted + size))
         journal.extend(group)
         sent, emitted = sent + size, emitted + size
     return emitted

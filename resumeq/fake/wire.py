@@ -1,18 +1,21 @@
-"""What the two wires share: the parsed request, input usage, and the wire interface."""
+"""What the wires share: the parsed request, input usage, and the wire interface."""
 
 from __future__ import annotations
 
 import json
 import math
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from resumeq.fake.conversation import Continuation, Conversation, InvalidRequest
-from resumeq.fake.plan import Finish
+from resumeq.fake.ids import new_id
+from resumeq.fake.plan import Finish, Plan, PlannedCall
 from resumeq.fake.prompt import PromptCache
+from resumeq.fake.shape import Shape
 from resumeq.fake.stream import StreamFormat
+
+__all__ = ["new_id"]  # the wires' ids, here as before
 
 #: One encoder for every call: ``json.dumps`` with options builds one each time, which costs
 #: more than encoding a token's delta.
@@ -22,10 +25,6 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 def dumps(value: Any) -> str:
     """Compact JSON, as the providers send it."""
     return _ENCODER.encode(value)
-
-
-def new_id(prefix: str) -> str:
-    return prefix + uuid.uuid4().hex[:24]
 
 
 @dataclass(frozen=True)
@@ -41,6 +40,10 @@ class Generation:
     echo: str = ""
     #: Responses: pad each text delta with OpenAI's ``obfuscation`` field.
     obfuscation: bool = True
+    #: The tools, tool choice and format the request gives.
+    shape: Shape = field(default_factory=Shape)
+    #: How this wire's call ids begin (``call_``, ``toolu_``).
+    call_prefix: str = "call_"
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,20 @@ class Output:
     reasoning: str = ""
     tokens: int = 0
     reasoning_tokens: int = 0
+    calls: tuple[PlannedCall, ...] = ()
+    #: The text is a refusal.
+    refusal: bool = False
+
+    @classmethod
+    def of(cls, completion: Plan) -> Output:
+        return cls(
+            "".join(completion.pieces),
+            "".join(completion.reasoning),
+            completion.tokens,
+            len(completion.reasoning),
+            completion.calls,
+            completion.refusal,
+        )
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ or :meth:`FakeProvider.chaos`); every request is journalled at ``/_fake/requests
 """
 
 from resumeq.core.continuation import PARTIAL_CLOSE, PARTIAL_OPEN
-from resumeq.fake.conversation import partial_tail
+from resumeq.fake.conversation import JSON_OBJECT_NOTE, SCHEMA_NOTE, partial_tail
 from resumeq.fake.engine import Engine
 from resumeq.fake.faults import Fault, FaultKind
 from resumeq.fake.markers import GENRES
@@ -22,10 +22,12 @@ from resumeq.fake.text import VOCABULARY, count_tokens, token_id, tokenize
 
 __all__ = [
     "GENRES",
+    "JSON_OBJECT_NOTE",
     "OPENAI_CACHE_MIN_TOKENS",
     "OPENAI_CACHE_STEP_TOKENS",
     "PARTIAL_CLOSE",
     "PARTIAL_OPEN",
+    "SCHEMA_NOTE",
     "VOCABULARY",
     "Engine",
     "FakeProvider",

@@ -63,7 +63,8 @@ MIN_OUTPUT_TOKENS = 16
 def usage_json(usage: InputUsage, output: int, reasoning: int) -> dict[str, Any]:
     return {
         "input_tokens": usage.total,
-        "input_tokens_details": {"cached_tokens": usage.cache_read},
+        # Prompt caching on this API writes for free: no token is ever a write.
+        "input_tokens_details": {"cached_tokens": usage.cache_read, "cache_write_tokens": 0},
         "output_tokens": output,
         "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": usage.total + output,

@@ -9,12 +9,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import Any, Self
 
+from resumeq.fake.admin import any_conversation, canonical_of
+from resumeq.fake.answer import Canonical, answer_for
 from resumeq.fake.chaos import Chaos, ChaosConfig
 from resumeq.fake.conversation import conversation_of
 from resumeq.fake.engine import Engine, EngineName, TokenizeFormat
 from resumeq.fake.faults import Fault
 from resumeq.fake.handler import FakeHTTPServer
-from resumeq.fake.plan import canonical_for, reasoning_tokens
+from resumeq.fake.plan import reasoning_tokens
+from resumeq.fake.shape import Shape
 from resumeq.fake.state import FakeState
 
 #: What the provider's threads are named after (then the port, then the role).
@@ -209,14 +212,24 @@ class FakeProvider:
 
     def canonical_tokens(self, messages: Sequence[Any], system: Any = None) -> list[str]:
         """The canonical completion of a conversation, token by token. ``messages`` as either
-        wire spells them (system messages inline, or Anthropic's top-level ``system``)."""
-        conversation = conversation_of(messages, system)
-        return list(canonical_for(conversation, self.state.completion_tokens).tokens)
+        wire spells them (system messages inline, or Anthropic's top-level ``system``). A
+        format note makes it the document; a request's tools and format are
+        :meth:`canonical`'s."""
+        return list(self._target(messages, system).tokens)
 
     def canonical_text(self, messages: Sequence[Any], system: Any = None) -> str:
         """What a request with no fault and a large ``max_tokens`` returns."""
-        conversation = conversation_of(messages, system)
-        return canonical_for(conversation, self.state.completion_tokens).text
+        return self._target(messages, system).text
+
+    def _target(self, messages: Sequence[Any], system: Any) -> Canonical:
+        conversation = any_conversation({"messages": messages, "system": system})
+        return answer_for(conversation, Shape(), self.state.completion_tokens).target
+
+    def canonical(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The uncut answer to ``request`` (its conversation, tools, tool choice and format
+        in any wire's form), as ``POST /_fake/canonical`` answers it: ``text``, ``tokens``,
+        ``count``, ``tool_calls``, ``document``, ``refusal``, ..."""
+        return canonical_of(self.state, request)
 
     def canonical_reasoning(self, messages: Sequence[Any], system: Any = None) -> list[str]:
         """The reasoning tokens a request without a continuation sends before the text

@@ -16,11 +16,16 @@ import jsonschema
 import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import Response, ResponseFunctionToolCall, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from resumeq.core.continuation import INSTRUCTION, PARTIAL_CLOSE, PARTIAL_OPEN
 from resumeq.fake import JSON_OBJECT_NOTE, SCHEMA_NOTE, FakeProvider, count_tokens
+from resumeq.fake.conversation import conversation_of
+from resumeq.fake.plan import plan
+from resumeq.fake.responses_wire import ResponsesStream
+from resumeq.fake.shape import Shape, ToolDef
+from resumeq.fake.wire import Generation, InputUsage
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -848,3 +853,24 @@ def test_the_canonical_endpoint_takes_every_wire_form(http: httpx.Client) -> Non
         assert answer["document"] == answers[0]["document"] == answers[0]["text"]
     named = canonical(http, Chat(), Ask(ask.turns, ask.tools, choice=("named", "web_search")))
     assert named["text"] == "" and [c["name"] for c in named["tool_calls"]] == ["web_search"]
+
+
+def test_a_background_response_retrieved_mid_call_shows_the_call_so_far() -> None:
+    conversation = conversation_of([{"role": "user", "content": "Go. [fake:tool]"}])
+    shape = Shape(tools=(ToolDef("get_weather", json.dumps(WEATHER)),))
+    request = Generation(conversation, None, "gpt-x", None, stream=True, shape=shape)
+    answer = plan(conversation, None, None, 3, shape=shape)
+    fmt = ResponsesStream(request, InputUsage(5), background=True)
+    text, call = answer.segments()
+    for segment in (text, call):
+        fmt.start(segment)
+        fmt.delta(segment, "".join(segment.pieces[:2]), 2)
+        if segment is text:
+            fmt.delta(segment, "".join(segment.pieces[2:]), 3)
+            fmt.stop(segment)
+    message, partial = fmt.output_so_far()
+    assert message["type"] == "message" and message["status"] == "completed"
+    shown = ResponseFunctionToolCall.model_validate(partial)
+    assert shown.status == "in_progress" and shown.name == "get_weather"
+    assert call.call is not None and shown.arguments == "".join(call.pieces[:2])
+    assert (shown.id, shown.call_id) == (call.call.item_id, call.call.id)

@@ -29,8 +29,9 @@ calls it sent; ``POST /_fake/canonical`` (:meth:`FakeProvider.canonical`) tells 
 answer to a request: its text, calls and document.
 """
 
+from resumeq.core.answer import JSON_OBJECT_NOTE, SCHEMA_NOTE
 from resumeq.core.continuation import PARTIAL_CLOSE, PARTIAL_OPEN
-from resumeq.fake.conversation import JSON_OBJECT_NOTE, SCHEMA_NOTE, partial_tail
+from resumeq.fake.conversation import partial_tail
 from resumeq.fake.engine import Engine
 from resumeq.fake.faults import Fault, FaultKind
 from resumeq.fake.markers import GENRES

@@ -19,17 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+# The format notes a continuation carries instead of a response format (the JSON Schema
+# follows SCHEMA_NOTE): the fake reads the notes resumeq's client writes.
+from resumeq.core.answer import JSON_OBJECT_NOTE, SCHEMA_NOTE
+
 # The instruction form wraps the unfinished tail in these markers (the exact text between
 # them is the tail): the fake follows the instruction resumeq's client writes.
 from resumeq.core.continuation import PARTIAL_CLOSE, PARTIAL_OPEN
 from resumeq.fake.markers import Markers, markers_of
-
-#: The system note a continuation carries instead of ``response_format``: the JSON Schema,
-#: as JSON, follows it. (resumeq.core.continuation is to own it; the fake imports it then,
-#: as it does PARTIAL_OPEN.)
-SCHEMA_NOTE = "Answer with one JSON document valid for this JSON Schema:\n"
-#: The system note for a ``json_object`` answer.
-JSON_OBJECT_NOTE = "Answer with one JSON object.\n"
 
 ContinueMode = Literal["prefill", "prefill_flag", "continue_final_message", "instruction"]
 

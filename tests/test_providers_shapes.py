@@ -6,6 +6,7 @@ sent before tools."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -16,10 +17,10 @@ from openai.types.chat.completion_create_params import CompletionCreateParamsStr
 from openai.types.responses.response_create_params import ResponseCreateParamsStreaming
 from pydantic import TypeAdapter
 
-from resumeq.core.continuation import plan_request
+from resumeq.core.continuation import Shape, plan_request
 from resumeq.core.errors import FatalProviderError
 from resumeq.core.settings import ProviderProfile
-from resumeq.core.spec import JobSpec, parse_spec
+from resumeq.core.spec import JobSpec, ResponseFormat, parse_spec
 from resumeq.providers import ProviderClient, make_client
 
 PARAMS: dict[str, TypeAdapter[Any]] = {
@@ -73,9 +74,15 @@ def client(kind: str, **over: Any) -> ProviderClient:
     return make_client(profile, httpx.Client())  # bodies only: nothing is sent
 
 
-def body_of(c: ProviderClient, job: JobSpec, prefix: str = "") -> dict[str, Any]:
-    """The plan's body, after checking it against the SDK's request type of its wire."""
-    body = c.body(plan_request(job, c.profile, prefix=prefix, remaining_tokens=200))
+def body_of(
+    c: ProviderClient, job: JobSpec, prefix: str = "", shape: Shape | None = None
+) -> dict[str, Any]:
+    """The plan's body (with ``shape`` instead of the planner's, if given), after checking it
+    against the SDK's request type of its wire."""
+    plan = plan_request(job, c.profile, prefix=prefix, remaining_tokens=200)
+    if shape is not None:
+        plan = dataclasses.replace(plan, shape=shape)
+    body = c.body(plan)
     adapter = PARAMS[c.profile.kind]
     assert plain(adapter.validate_python(body)) == body, "a field the SDK does not know"
     return body
@@ -148,14 +155,15 @@ WIRE_JSON_OBJECT: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("prefix", ["", '{"summary": "Rain in Os'])
 def test_response_format_in_each_wires_form(kind: str, prefix: str) -> None:
-    """Fresh, and in a continuation (what a continuation leaves out is the planner's call)."""
+    """A plan's response format, fresh and beside a continuation's prefill or instruction (when
+    a continuation sends one is the planner's choice): only its own fields are added."""
     mode = "prefill" if kind == "anthropic" else "instruction"
     c = client(kind, continue_mode=mode)
     plain_body = body_of(c, spec(), prefix)
     for fmt, want in [(JSON_SCHEMA, WIRE_SCHEMA[kind]), ({"type": "json_object"},
                                                         WIRE_JSON_OBJECT[kind])]:  # fmt: skip
-        body = body_of(c, spec(response_format=fmt), prefix)
-        assert body == {**plain_body, **want}
+        shape = Shape(response_format=ResponseFormat.model_validate(fmt))
+        assert body_of(c, spec(), prefix, shape) == {**plain_body, **want}
 
 
 def test_a_schema_without_strict_is_not_made_strict_on_responses() -> None:
@@ -165,6 +173,15 @@ def test_a_schema_without_strict_is_not_made_strict_on_responses() -> None:
                                        "schema": ANSWER_SCHEMA, "strict": False}}  # fmt: skip
     chat = body_of(client("openai"), spec(response_format=fmt))
     assert chat["response_format"] == fmt
+
+
+def test_a_fresh_request_sends_the_jobs_response_format() -> None:
+    """Through the planner: a fresh attempt asks for the document with the wire's own form."""
+    for kind in ("openai", "openai-responses"):
+        body = body_of(client(kind), spec(response_format=JSON_SCHEMA))
+        assert {k: body[k] for k in WIRE_SCHEMA[kind]} == WIRE_SCHEMA[kind]
+    body = body_of(client("anthropic"), spec(response_format=JSON_SCHEMA))
+    assert body["output_config"] == WIRE_SCHEMA["anthropic"]["output_config"]
 
 
 # -- tool messages -------------------------------------------------------------------------------

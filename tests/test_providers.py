@@ -29,7 +29,14 @@ from resumeq.core.settings import ProviderProfile
 from resumeq.core.spec import JobSpec, parse_spec
 from resumeq.core.splice import Splicer
 from resumeq.fake import FakeProvider, count_tokens
-from resumeq.providers import OutputDelta, ProviderClient, TextDelta, Usage, make_client
+from resumeq.providers import (
+    OutputDelta,
+    ProviderClient,
+    TextDelta,
+    ToolCallDelta,
+    Usage,
+    make_client,
+)
 from resumeq.testing import free_port
 
 SPEC = parse_spec(
@@ -432,10 +439,14 @@ def test_continuous_usage_that_stops_counting_is_no_longer_believed() -> None:
 
 def test_tokens_counted_in_a_chunk_without_content_are_output() -> None:
     """An end token counted in the finish chunk, or a tool call's tokens."""
-    client = scripted(chunk(" one", 1), chunk(None, 2), chunk(None, 4, tool_calls=[{"id": "x"}]))
-    events, _ = events_of(client, SPEC)
+    call = {"index": 0, "id": "x", "type": "function", "function": {"name": "f", "arguments": ""}}
+    client = scripted(chunk(" one", 1), chunk(None, 2), chunk(None, 4, tool_calls=[call]))
+    events, error = events_of(client, SPEC)
+    assert error is None
     other = [e for e in events if isinstance(e, OutputDelta)]
-    assert [(e.kind, e.tokens) for e in other] == [("other", 1), ("other", 2)]
+    assert [(e.kind, e.tokens) for e in other] == [("other", 1)]
+    calls = [e for e in events if isinstance(e, ToolCallDelta)]
+    assert [(e.id, e.tokens, e.exact) for e in calls] == [("x", 2, True)]
 
 
 # -- counting endpoints ------------------------------------------------------------------------

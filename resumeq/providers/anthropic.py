@@ -4,19 +4,25 @@
 ``cache_creation_input_tokens`` for the prompt cache); ``content_block_delta`` events carry
 the text (``text_delta``); ``message_delta`` carries the stop reason and the cumulative
 ``output_tokens``; ``message_stop`` ends the stream. ``ping`` events keep it alive. An
-``event: error`` (``overloaded_error``) behind HTTP 200 is a cut. Only text blocks are
-resumable: a cut inside a tool-use or thinking block is not continued mid-block.
+``event: error`` (``overloaded_error``) behind HTTP 200 is a cut.
+
+A ``tool_use`` block is a tool call: ``content_block_start`` names it (its ``toolu_`` id
+and name), its ``input_json_delta`` pieces are its arguments' JSON text, its
+``content_block_stop`` ends it. The stop reason ``tool_use`` is the finish ``tool_calls``,
+``refusal`` stays ``refusal``. A thinking block (or a server tool's) is not resumable: a cut
+inside one is not continued mid-block.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import httpx
 from httpx_sse import ServerSentEvent
 
-from resumeq.core.continuation import ChatMessage, RequestPlan
+from resumeq.core.continuation import RequestPlan
 from resumeq.core.errors import InBandError, MalformedChunk
 from resumeq.providers.base import (
     OutputDelta,
@@ -28,15 +34,19 @@ from resumeq.providers.base import (
     error_details,
     json_object,
 )
+from resumeq.providers.calls import StreamedCall, ToolCalls
 from resumeq.providers.counts import int_or_none
+from resumeq.providers.shapes import CACHE, anthropic_messages, anthropic_shape
 
 API_VERSION = "2023-06-01"
-_CACHE = {"type": "ephemeral"}
-#: Deltas of output that is not text, and the field holding it: billed, never resumed.
+#: Deltas of output that is not text, and the field holding it: billed, never resumed (an
+#: ``input_json_delta`` of a ``tool_use`` block is a tool call's, any other a server tool's).
 _OUTPUT: dict[str, tuple[Literal["reasoning", "other"], str]] = {
     "thinking_delta": ("reasoning", "thinking"),
     "input_json_delta": ("other", "partial_json"),
 }
+#: Stop reasons under the name the other wires give them.
+_FINISH = {"tool_use": "tool_calls"}
 #: Deltas that carry no output tokens of their own: progress, not a stall.
 _PROGRESS = ("signature_delta", "citations_delta")
 
@@ -45,8 +55,12 @@ class AnthropicStream(ProviderStream):
     def __init__(self, response: httpx.Response, *, stall_timeout_s: float) -> None:
         super().__init__(response, stall_timeout_s=stall_timeout_s)
         self._stopped = False
-        #: Set when a non-text block (tool use, thinking) is open: not resumable mid-block.
+        #: Set when a block that is neither text nor a tool call (thinking, a server tool's)
+        #: is open: not resumable mid-block.
         self.in_non_text_block = False
+        self._calls = ToolCalls(self._unicode, self._held)
+        #: The open ``tool_use`` block's call.
+        self._tool: StreamedCall | None = None
 
     def _on_event(self, sse: ServerSentEvent) -> Iterator[StreamEvent]:
         if sse.event == "error":
@@ -84,8 +98,19 @@ class AnthropicStream(ProviderStream):
 
     def _block_start(self, data: dict[str, Any]) -> Iterator[StreamEvent]:
         block = data.get("content_block")
-        self.in_non_text_block = not (isinstance(block, dict) and block.get("type") == "text")
-        return iter(())
+        kind = block.get("type") if isinstance(block, dict) else None
+        self.in_non_text_block = kind not in ("text", "tool_use")
+        self._tool = None
+        if isinstance(block, dict) and kind == "tool_use":
+            call_id, name = block.get("id"), block.get("name")
+            if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name):
+                raise MalformedChunk("a tool_use block without its id and name")
+            arguments = _input_text(block.get("input"))
+            delta = self._calls.start(
+                (), call_id, name, arguments, tokens=int(bool(arguments)), exact=False
+            )
+            self._tool = self._calls[delta.index]
+            yield delta
 
     def _block_delta(self, data: dict[str, Any]) -> Iterator[StreamEvent]:
         delta = data.get("delta")
@@ -105,13 +130,20 @@ class AnthropicStream(ProviderStream):
             value = delta.get(field)
             if not isinstance(value, str):
                 raise MalformedChunk(f"{kind} without {field}")
-            yield OutputDelta(channel, self._unicode(value, channel), 1, exact=False)
+            if kind == "input_json_delta" and self._tool is not None:
+                yield self._calls.piece(self._tool, value, tokens=1, exact=False)
+            elif kind == "input_json_delta" and not self.in_non_text_block:
+                raise MalformedChunk("an input_json_delta outside a tool_use block")
+            else:
+                yield OutputDelta(channel, self._unicode(value, channel), 1, exact=False)
         elif kind in _PROGRESS:
             self._note_progress()
 
     def _block_stop(self, data: dict[str, Any]) -> Iterator[StreamEvent]:
         self.in_non_text_block = False
-        return iter(())
+        call, self._tool = self._tool, None
+        if call is not None:
+            yield from self._calls.end(call)
 
     def _message_delta(self, data: dict[str, Any]) -> Iterator[StreamEvent]:
         delta = data.get("delta")
@@ -119,7 +151,7 @@ class AnthropicStream(ProviderStream):
         if reason is not None and not isinstance(reason, str):
             raise MalformedChunk("stop_reason is not a string")
         if reason:
-            self.finish_reason = reason
+            self.finish_reason = _FINISH.get(reason, reason)
         yield self._usage(data.get("usage"), merge=True)
 
     def _message_stop(self, data: dict[str, Any]) -> Iterator[StreamEvent]:
@@ -149,10 +181,14 @@ class AnthropicStream(ProviderStream):
         return self._stopped
 
 
-def _content(m: ChatMessage) -> str | list[dict[str, Any]]:
-    if not m.cache:
-        return m.content
-    return [{"type": "text", "text": m.content, "cache_control": _CACHE}]
+def _input_text(value: Any) -> str:
+    """A ``tool_use`` block's ``input`` at its start as arguments' text: ``{}`` (Anthropic's,
+    the input comes in pieces) is none yet; a server that sends it whole sends its JSON."""
+    if value is None or value == {}:
+        return ""
+    if not isinstance(value, dict):
+        raise MalformedChunk("a tool_use block whose input is not an object")
+    return json.dumps(value, ensure_ascii=False)
 
 
 class AnthropicClient(ProviderClient):
@@ -171,17 +207,13 @@ class AnthropicClient(ProviderClient):
         body: dict[str, Any] = {
             "model": plan.model,
             "max_tokens": plan.max_tokens,
-            "messages": [
-                {"role": m.role, "content": _content(m)}
-                for m in plan.messages
-                if m.role != "system"
-            ],
+            "messages": anthropic_messages(plan.messages),
             "stream": True,
         }
         if system:
             blocks: list[dict[str, Any]] = [{"type": "text", "text": m.content} for m in system]
             if self.profile.cache_prompt:
-                blocks[-1]["cache_control"] = _CACHE
+                blocks[-1]["cache_control"] = CACHE
             body["system"] = blocks
         params = plan.params
         if params.temperature is not None:
@@ -190,5 +222,6 @@ class AnthropicClient(ProviderClient):
             body["top_p"] = params.top_p
         if params.stop:
             body["stop_sequences"] = list(params.stop)
+        body.update(anthropic_shape(plan.shape))
         body.update(plan.extra_body)
         return body

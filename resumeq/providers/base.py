@@ -5,7 +5,8 @@ A client takes an injected ``httpx.Client`` and a :class:`~resumeq.core.settings
 ``open(plan)`` sends the request and answers a :class:`ProviderStream` once the status is
 known (raising a :class:`~resumeq.core.errors.RetryableProviderError` or
 :class:`~resumeq.core.errors.FatalProviderError` before any token); iterating the stream yields
-:class:`TextDelta` and :class:`Usage` events and raises a
+:class:`TextDelta`, :class:`OutputDelta`, :class:`ToolCallDelta` / :class:`ToolCallEnd` and
+:class:`Usage` events and raises a
 :class:`~resumeq.core.errors.StreamCut` subclass when the stream breaks. A stream that ends
 without a finish reason is a cut, never a success; a malformed chunk is a cut, never
 skipped. The body is read by the bounded reader of :mod:`resumeq.providers.sse`.
@@ -73,8 +74,9 @@ class TextDelta:
 
 @dataclass(frozen=True)
 class OutputDelta:
-    """Output the provider bills that is not resumable text: ``reasoning`` (thinking) or
-    ``other`` (tool-call arguments, an end token counted on its own), with its tokens."""
+    """Output the provider bills that is not resumable text: ``reasoning`` (thinking),
+    ``refusal`` (the model's refusal to answer: its text is the refusal) or ``other`` (a
+    server tool's input, an end token counted on its own), with its tokens."""
 
     kind: Literal["reasoning", "refusal", "other"]
     text: str
@@ -87,7 +89,8 @@ class ToolCallDelta:
     """A piece of a tool call. ``index`` orders the calls of one attempt's answer (0, 1, …,
     in the order they start); the call's first delta carries its ``id`` (the id the app must
     send back: OpenAI's tool call id, Anthropic's toolu_ id, the Responses call_id) and
-    ``name``; ``arguments`` is the next piece of its arguments' JSON text (may be "")."""
+    ``name``; ``arguments`` is the next piece of its arguments' JSON text (may be ""). Its
+    tokens are counted as a :class:`TextDelta`'s are."""
 
     index: int
     id: str | None
@@ -99,7 +102,8 @@ class ToolCallDelta:
 
 @dataclass(frozen=True)
 class ToolCallEnd:
-    """Call ``index`` is whole: no more of its arguments will come."""
+    """Call ``index`` is whole: no more of its arguments will come. A call cut before its
+    end gets none."""
 
     index: int
 
@@ -269,6 +273,10 @@ class ProviderStream(ABC):
             why = f"{channel} holds a lone UTF-16 surrogate: {text[:40]!r}"
             raise MalformedChunk(why) from None
 
+    def _held(self, channel: str) -> bool:
+        """Whether ``channel`` holds the first half of a surrogate pair."""
+        return channel in self._high
+
     def _read(self) -> Iterator[StreamEvent]:
         self._check_content_type()
         for sse in iter_events(self._chunks()):
@@ -276,7 +284,7 @@ class ProviderStream(ABC):
                 yield event
                 if self.closed:
                     return  # closed by the consumer: not one more event
-                if isinstance(event, TextDelta | OutputDelta):
+                if isinstance(event, TextDelta | OutputDelta | ToolCallDelta):
                     self._note_progress()  # after the consumer had its turn
             if self._complete():
                 return

@@ -13,12 +13,22 @@ in the terminal event, so a cut stream has none (SPEC §6's fallbacks count it).
 A number out of sequence — skipped, repeated, going back — is a malformed stream: the text
 it carries cannot be placed for sure. The response's id (from ``response.created``) and the
 last sequence number read are kept: what a background response is reattached with.
+
+A tool call is a ``function_call`` output item: ``response.output_item.added`` names it (its
+``call_id`` and name), ``response.function_call_arguments.delta`` events (by ``item_id`` and
+``output_index``) carry its arguments, ``response.function_call_arguments.done`` or the
+item's ``response.output_item.done`` ends it. A completed response that made calls finishes
+``tool_calls``. A reattached stream takes up the calls begun before its starting point from
+the response's status (its ``output`` so far) or, where the server replays from the start,
+from the events it skips; a piece of a call neither shows is a cut. ``response.refusal.delta``
+is the model's refusal.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -42,19 +52,24 @@ from resumeq.providers.base import (
     Usage,
     json_object,
 )
+from resumeq.providers.calls import StreamedCall, ToolCalls
 from resumeq.providers.counts import int_or_none
 from resumeq.providers.openai import OpenAIClient
+from resumeq.providers.shapes import responses_items, responses_shape
 
 #: Deltas of reasoning text (the model's own, or its summary).
 _REASONING_DELTAS = frozenset(
     {"response.reasoning_text.delta", "response.reasoning_summary_text.delta"}
 )
-#: Deltas of output that is neither text nor reasoning.
-_OTHER_DELTAS = frozenset(
+#: Deltas of output that is neither text, reasoning, a refusal nor a function call's.
+_OTHER_DELTAS = frozenset({"response.custom_tool_call_input.delta"})
+#: The events of a function call: its start, its pieces, its end.
+_CALL_EVENTS = frozenset(
     {
-        "response.refusal.delta",
+        "response.output_item.added",
         "response.function_call_arguments.delta",
-        "response.custom_tool_call_input.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
     }
 )
 #: The finish an incomplete response's reason maps to.
@@ -76,6 +91,40 @@ def usage_of(raw: Any) -> Usage | None:
     )
 
 
+@dataclass(frozen=True)
+class KnownCall:
+    """A function call of a background response as its status shows it: what a reattached
+    stream takes up a call begun before its starting point with."""
+
+    item_id: str | None
+    output_index: int
+    call_id: str
+    name: str
+
+
+def known_calls(output: Any) -> tuple[KnownCall, ...]:
+    """The function calls of a Responses object's ``output``, in order."""
+    found: list[KnownCall] = []
+    for index, item in enumerate(output if isinstance(output, list) else ()):
+        if not (isinstance(item, dict) and item.get("type") == "function_call"):
+            continue
+        call_id, name, item_id = item.get("call_id"), item.get("name"), item.get("id")
+        if isinstance(call_id, str) and isinstance(name, str):
+            found.append(KnownCall(item_id if isinstance(item_id, str) else None, index,
+                                   call_id, name))  # fmt: skip
+    return tuple(found)
+
+
+def _keys(item_id: Any, output_index: Any) -> tuple[Hashable, ...]:
+    """How an event names its output item: by id, and by place in the output."""
+    keys: list[Hashable] = []
+    if isinstance(item_id, str) and item_id:
+        keys.append(("item", item_id))
+    if isinstance(output_index, int) and not isinstance(output_index, bool):
+        keys.append(("output", output_index))
+    return tuple(keys)
+
+
 class ResponsesStream(ProviderStream):
     def __init__(
         self,
@@ -84,6 +133,7 @@ class ResponsesStream(ProviderStream):
         stall_timeout_s: float,
         after: int | None = None,
         response_id: str | None = None,
+        known: tuple[KnownCall, ...] = (),
     ) -> None:
         super().__init__(response, stall_timeout_s=stall_timeout_s)
         #: The response's id (once ``response.created`` said it, or the one reattached);
@@ -98,6 +148,9 @@ class ResponsesStream(ProviderStream):
         #: Replaying from 0 (``starting_after`` ignored): the number expected next.
         self._replayed: int | None = None
         self._ended = False
+        self._calls = ToolCalls(self._unicode, self._held)
+        for call in known:
+            self._calls.known(_keys(call.item_id, call.output_index), call.call_id, call.name)
 
     def _on_event(self, sse: ServerSentEvent) -> Iterator[StreamEvent]:
         event = json_object(sse)
@@ -107,6 +160,7 @@ class ResponsesStream(ProviderStream):
         if sse.event not in ("message", kind):
             raise MalformedChunk(f"event line {sse.event!r} but type {kind!r}")
         if not self._sequence(event, sse.data):
+            self._skipped(kind, event)
             return  # replayed from the start: already read before
         response = event.get("response")
         if isinstance(response, dict):
@@ -123,8 +177,12 @@ class ResponsesStream(ProviderStream):
         elif kind in _REASONING_DELTAS:
             text = self._unicode(_text(event, raw), "reasoning")
             yield OutputDelta("reasoning", text, 1, False)
+        elif kind == "response.refusal.delta":
+            yield OutputDelta("refusal", self._unicode(_text(event, raw), "refusal"), 1, False)
         elif kind in _OTHER_DELTAS:
             yield OutputDelta("other", _text(event, raw), 1, False)
+        elif kind in _CALL_EVENTS:
+            yield from self._call_event(kind, event, raw)
         elif kind in ("response.completed", "response.incomplete"):
             yield from self._end(kind, response)
         elif kind == "response.failed":
@@ -133,6 +191,83 @@ class ResponsesStream(ProviderStream):
         elif kind == "error":
             nested = event.get("error")
             raise _in_band("error event", nested if isinstance(nested, dict) else event, raw)
+
+    @property
+    def _call_handlers(
+        self,
+    ) -> dict[str, Callable[[dict[str, Any], str], Iterator[StreamEvent]]]:
+        return {
+            "response.output_item.added": self._call_added,
+            "response.function_call_arguments.delta": self._call_piece,
+            "response.function_call_arguments.done": self._call_done,
+            "response.output_item.done": self._call_done,
+        }
+
+    def _call_event(self, kind: str, event: dict[str, Any], raw: str) -> Iterator[StreamEvent]:
+        item = event.get("item")
+        if kind.startswith("response.output_item.") and not (
+            isinstance(item, dict) and item.get("type") == "function_call"
+        ):
+            return  # a message, reasoning, another tool's item: its deltas say what it holds
+        yield from self._call_handlers[kind](event, raw)
+
+    def _call_added(self, event: dict[str, Any], raw: str) -> Iterator[StreamEvent]:
+        item = event["item"]
+        call_id, name = item.get("call_id"), item.get("name")
+        if not (isinstance(call_id, str) and call_id and isinstance(name, str) and name):
+            raise MalformedChunk(
+                f"a function_call item without its call_id and name: {raw[:120]!r}"
+            )
+        arguments = item.get("arguments") or ""
+        if not isinstance(arguments, str):
+            raise MalformedChunk(f"function_call arguments that are not text: {raw[:120]!r}")
+        keys = _keys(item.get("id"), event.get("output_index"))
+        if not keys:
+            raise MalformedChunk(f"a function_call item with no id and no place: {raw[:120]!r}")
+        yield self._calls.start(
+            keys, call_id, name, arguments, tokens=int(bool(arguments)), exact=False
+        )
+
+    def _call(self, event: dict[str, Any], raw: str) -> StreamedCall:
+        """The call an event is about, or a cut."""
+        item = event.get("item")
+        item_id = item.get("id") if isinstance(item, dict) else event.get("item_id")
+        call = self._calls.find(*_keys(item_id, event.get("output_index")))
+        if call is None:
+            raise MalformedChunk(f"an event of a function call never announced: {raw[:120]!r}")
+        return call
+
+    def _call_piece(self, event: dict[str, Any], raw: str) -> Iterator[StreamEvent]:
+        call = self._call(event, raw)
+        yield self._calls.piece(call, _text(event, raw), tokens=1, exact=False)
+
+    def _call_done(self, event: dict[str, Any], raw: str) -> Iterator[StreamEvent]:
+        call = self._call(event, raw)
+        item = event.get("item")
+        if item is not None and not call.announced:
+            # The item's end, of a call begun before this stream's starting point: its
+            # arguments' end came before it, then or here, and said it.
+            return
+        whole = item.get("arguments") if isinstance(item, dict) else event.get("arguments")
+        if whole is not None and not isinstance(whole, str):
+            raise MalformedChunk(f"function_call arguments that are not text: {raw[:120]!r}")
+        yield from self._calls.end(call, whole)
+
+    def _skipped(self, kind: str, event: dict[str, Any]) -> None:
+        """An event a replay skips (read before this stream's starting point): the calls it
+        starts or ends are taken up, so that what comes after finds them."""
+        item = event.get("item")
+        if kind == "response.function_call_arguments.done":
+            item = {"type": "function_call", "id": event.get("item_id")}
+        if not (isinstance(item, dict) and item.get("type") == "function_call"):
+            return
+        keys = _keys(item.get("id"), event.get("output_index"))
+        call = self._calls.find(*keys)
+        call_id, name = item.get("call_id"), item.get("name")
+        if call is None and isinstance(call_id, str) and isinstance(name, str):
+            call = self._calls.known(keys, call_id, name)
+        if call is not None and kind.endswith(".done"):
+            self._calls.ended_before(call)
 
     def _sequence(self, event: dict[str, Any], raw: str) -> bool:
         """Check the event's number; False for an event to skip (a server that ignored
@@ -187,8 +322,11 @@ class ResponsesStream(ProviderStream):
             details = response.get("incomplete_details")
             reason = details.get("reason") if isinstance(details, dict) else None
             self.finish_reason = _INCOMPLETE.get(str(reason), str(reason or "incomplete"))
+        elif len(self._calls) or known_calls(response.get("output")):
+            self.finish_reason = "tool_calls"
         else:
             self.finish_reason = "stop"
+        yield from self._calls.end_open()
         self._ended = True
         usage = usage_of(response.get("usage"))
         if usage is not None:
@@ -313,6 +451,7 @@ class ResponsesClient(OpenAIClient):
             stall_timeout_s=self.profile.stall_timeout_s,
             after=after,
             response_id=response_id,
+            known=known_calls(data.get("output")),
         )
 
     def cancel(self, response_id: str) -> bool:
@@ -336,18 +475,11 @@ class ResponsesClient(OpenAIClient):
         # the message's own status instead.
         continue_final = extra.pop("continue_final_message", False) is True
         extra.pop("add_generation_prompt", None)
-        items: list[dict[str, Any]] = []
-        last = len(plan.messages) - 1
-        for index, m in enumerate(plan.messages):
-            item: dict[str, Any] = {
-                "role": "developer" if m.role == "system" else m.role,
-                "content": m.content,
-            }
-            if index == last and m.role == "assistant" and continue_final:
-                # vLLM's way to go on with a final assistant message, as Chat
-                # Completions' continue_final_message does.
-                item["status"] = "in_progress"
-            items.append(item)
+        items = [item for m in plan.messages for item in responses_items(m)]
+        if continue_final and items and items[-1].get("role") == "assistant":
+            # vLLM's way to go on with a final assistant message, as Chat Completions'
+            # continue_final_message does.
+            items[-1]["status"] = "in_progress"
         body: dict[str, Any] = {
             "model": plan.model,
             "input": items,
@@ -368,5 +500,6 @@ class ResponsesClient(OpenAIClient):
             body["temperature"] = params.temperature
         if params.top_p is not None:
             body["top_p"] = params.top_p
+        body.update(responses_shape(plan.shape))
         body.update(extra)
         return body

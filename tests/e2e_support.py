@@ -102,6 +102,12 @@ def make_world(
                     "continue_mode": "continue_final_message",
                     "background": True,
                 },
+                # The Responses API without background responses: a cut is continued.
+                "fake-responses-plain": {
+                    **profile,
+                    "kind": "openai-responses",
+                    "continue_mode": "instruction",
+                },
                 # llama.cpp's server: a prefill, echoed; usage only at the end; its /tokenize.
                 "llamacpp": {
                     **profile,

@@ -97,8 +97,8 @@ class Accounting:
         """A dead attempt cut inside a tool call whose job goes on: the call's checkpointed
         arguments are bought again by the next attempt (what the worker saw of them: a
         lower bound of what was billed)."""
-        if d.decision is None or d.decision.action not in RESUMING:
-            return
+        if d.decision is None or d.decision.action not in RESUMING or self.read_on(d.record):
+            return  # a response read on carries the call on: nothing is bought again
         redo = redo_of(d.record.calls, d.record.spec)
         if redo is not None and redo.regenerated_tokens:
             d.ledger["regenerated_tokens"] = redo.regenerated_tokens

@@ -254,7 +254,13 @@ class AttemptRunner:
             flush_ms=self.worker.flush_ms,
             flush_min_ms=self.worker.flush_min_ms,
         )
-        ckpt.keep_calls(record.calls, redo.kept if redo is not None else record.calls)
+        if plan.kind == "reattach":
+            # The response goes on where it was cut, in a call too: every call is kept, and
+            # the stream numbers them as the attempt that made the response did.
+            ckpt.keep_calls(record.calls, record.calls)
+            ckpt.resume_calls(record.response_attempt or 0)
+        else:
+            ckpt.keep_calls(record.calls, redo.kept if redo is not None else record.calls)
         call = Call(record, profile, plan, client, splicer_for(plan, profile, prefix), ckpt, prefix)
         if plan.kind == "reattach":
             call.response_id = plan.response_id
@@ -276,11 +282,10 @@ class AttemptRunner:
         """Read on the background response an earlier attempt made, where it can be;
         otherwise a fresh request or a continuation (the response is let go once the
         attempt can count it: :meth:`_let_response_go`). ``tool_choice``: a cut tool
-        call's redo (a response is not read on in the middle of a call: the call is
-        asked again)."""
+        call's redo, where no response is read on (one that is carries the call on)."""
         spec = record.spec
         if record.response_id is not None:
-            if profile.background and record.reattachable and tool_choice is None:
+            if profile.background and record.reattachable:
                 return plan_reattach(
                     spec,
                     response_id=record.response_id,
@@ -326,8 +331,8 @@ class AttemptRunner:
             return view.spent_output_tokens - record.answer_base, "the answer was let go: " + (
                 decision.reason
             )
-        if decision.action not in ("retry", "resume"):
-            return 0, ""
+        if decision.action not in ("retry", "resume") or view.reads_on:
+            return 0, ""  # a response read on carries a cut call on: nothing bought again
         redo = redo_of(ckpt.calls, record.spec)
         return (redo.regenerated_tokens, redo.why) if redo is not None else (0, "")
 

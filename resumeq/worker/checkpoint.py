@@ -193,6 +193,13 @@ class Checkpointer:
             if list(stored) != self.calls:
                 self._calls_version += 1
 
+    def resume_calls(self, attempt: int) -> None:
+        """A background response read on: its stream numbers its calls 0, 1, … as the stream
+        of ``attempt``, which made it, did."""
+        with self._lock:
+            made = [i for i, c in enumerate(self.calls) if c.attempt == attempt]
+            self._call_at = dict(enumerate(made))
+
     def tool(
         self,
         index: int,

@@ -120,7 +120,7 @@ _SCHEMA = (
 )
 _REFS = "every `$ref` points inside the schema (no provider fetches another document)"
 _DEFINITION = f"the whole {{}} at most {_limit('max_schema_bytes')} bytes as compact JSON"
-_STRICT = (
+_STRICT_SUBSET = (
     "with `strict`: OpenAI's strict subset, as it would refuse otherwise — the root an "
     'object, every object `"additionalProperties": false` with every property in '
     "`required` (through `properties`, `items`, `$defs` and `anyOf`), and none of "
@@ -193,7 +193,7 @@ RULES: dict[tuple[type[BaseModel], str], tuple[str, ...]] = {
         '`"type": "object"`: a function takes an object, on every provider',
         _SCHEMA,
         _REFS,
-        _STRICT,
+        _STRICT_SUBSET,
         _DEFINITION.format("definition (`name`, `description`, `parameters`, `strict`)"),
     ),
     (spec.FunctionName, "name"): (_TOOL_NAME, "the name of one of `tools`"),
@@ -201,7 +201,7 @@ RULES: dict[tuple[type[BaseModel], str], tuple[str, ...]] = {
     (spec.JsonSchemaFormat, "schema_"): (
         _SCHEMA,
         _REFS,
-        _STRICT,
+        _STRICT_SUBSET,
         _DEFINITION.format("`json_schema` (`name`, `description`, `schema`, `strict`)"),
     ),
     (spec.ResponseFormat, "json_schema"): (

@@ -237,8 +237,9 @@ def json_type(value: Any) -> str:
     """What JSON calls the type of ``value`` (a value ``json.loads`` made)."""
     if value is None or isinstance(value, bool):
         return "null" if value is None else "a boolean"
-    named = {dict: "an object", list: "an array", str: "a string"}
-    return named.get(type(value), "a number")
+    if isinstance(value, dict | list | str):
+        return {dict: "an object", list: "an array", str: "a string"}[type(value)]
+    return "a number"
 
 
 def check_idempotency_key(v: str) -> str:

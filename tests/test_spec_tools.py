@@ -13,13 +13,18 @@ from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from resumeq.cli import cli
 from resumeq.core import config_digest
 from resumeq.core.errors import InvalidSpec
 from resumeq.core.settings import load_config_file
 from resumeq.core.spec import JobSpec, Limits, parse_spec, parse_spec_json
 from resumeq.core.spec_rules import json_size
 from resumeq.store import Store, keys
+from resumeq.testing import RedisServer
 
 PARAMS = {
     "type": "object",
@@ -441,3 +446,58 @@ def test_every_error_of_the_shape_is_reported_with_the_others() -> None:
     with pytest.raises(InvalidSpec) as info:
         parse_spec(valid(model="", tools=[tool("a b")], response_format={"type": "text"}))
     assert {"model", "tools.0.function.name", "response_format.type"} <= set(info.value.fields)
+
+
+@pytest.mark.parametrize("choice", ["retry", "spill", "fail"])
+def test_the_command_line_chooses_on_invalid(
+    redis_server: RedisServer, redis_client: redis.Redis, choice: str
+) -> None:
+    args = ["--redis-url", redis_server.url, "enqueue", "--provider", "local", "--model", "m",
+            "--budget", "50", "--prompt", "hi", "--on-invalid", choice, "--json"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    job_id = json.loads(result.output)["id"]
+    spec = Store(redis_client).get(job_id).spec
+    assert spec.exit.on_invalid == choice
+    assert spec.prompt_hash() == parse_spec(valid(messages=None, prompt="hi", model="m",
+                                                  budget_tokens=50)).prompt_hash()  # fmt: skip
+
+
+def test_the_command_line_refuses_another_on_invalid(
+    redis_server: RedisServer, redis_client: redis.Redis
+) -> None:
+    args = ["--redis-url", redis_server.url, "enqueue", "--provider", "local", "--model", "m",
+            "--budget", "50", "--prompt", "hi", "--on-invalid", "ignore"]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and "--on-invalid" in result.output
+    assert list(redis_client.scan_iter("*")) == []
+
+
+KEYWORDS = ["type", "properties", "required", "items", "$ref", "$defs", "anyOf", "oneOf",
+            "additionalProperties", "enum", "pattern", "$schema", "$id", "$anchor", "not",
+            "minimum", "format", "definitions", "prefixItems", "description"]  # fmt: skip
+schema_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.floats(allow_nan=False)
+    | st.sampled_from(["object", "string", "#", "#/$defs/a", "#a", "[", "a", "urn:x",
+                       "http://json-schema.org/draft-07/schema#", "https://example.com/s"]),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.sampled_from(KEYWORDS) | st.text(max_size=3), inner, max_size=4),
+    max_leaves=16,
+)  # fmt: skip
+schemas = st.dictionaries(st.sampled_from(KEYWORDS), schema_values, max_size=5)
+
+
+@settings(max_examples=400, deadline=None)
+@given(parameters=schemas, asked=schemas, strict=st.booleans())
+def test_any_json_schema_is_taken_or_refused_by_name_never_a_crash(
+    parameters: dict[str, Any], asked: dict[str, Any], strict: bool
+) -> None:
+    data = valid(tools=[tool(parameters=parameters, strict=strict)],
+                 response_format=schema_format(asked, strict=strict))  # fmt: skip
+    try:
+        spec = parse_spec(data)
+    except InvalidSpec as exc:
+        where = ("tools.0.function", "response_format.json_schema")
+        assert all(e.field.startswith(where) and e.message for e in exc.errors), exc
+    else:
+        assert parse_spec_json(spec.to_json()).prompt_hash() == spec.prompt_hash()

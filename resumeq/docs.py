@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from resumeq.core import spec, spec_rules
+from resumeq.core import schema_rules, spec, spec_rules
 from resumeq.core.names import IDEMPOTENCY_KEY_RE
 
 __all__ = ["EXAMPLE", "jobspec_reference"]
@@ -33,24 +33,77 @@ __all__ = ["EXAMPLE", "jobspec_reference"]
 MODELS: tuple[tuple[type[BaseModel], str], ...] = (
     (spec.JobSpec, ""),
     (spec.Message, "messages"),
+    (spec.ToolCall, "messages[].tool_calls"),
+    (spec.FunctionCall, "messages[].tool_calls[].function"),
     (spec.GenerationParams, "params"),
     (spec.ExitPolicy, "exit"),
+    (spec.Tool, "tools"),
+    (spec.FunctionDef, "tools[].function"),
+    (spec.NamedToolChoice, "tool_choice"),
+    (spec.FunctionName, "tool_choice.function"),
+    (spec.ResponseFormat, "response_format"),
+    (spec.JsonSchemaFormat, "response_format.json_schema"),
 )
 
-#: A spec with every nested model in it (the generator checks it is valid).
+_TIDES = {
+    "type": "object",
+    "properties": {"port": {"type": "string"}, "date": {"type": "string", "format": "date"}},
+    "required": ["port", "date"],
+    "additionalProperties": False,
+}
+#: A spec with every nested model in it but a named tool choice, which cannot go with a
+#: response format (the generator checks it is valid).
 EXAMPLE: dict[str, Any] = {
     "messages": [
         {"role": "system", "content": "Answer in two paragraphs."},
-        {"role": "user", "content": "Explain tides"},
+        {"role": "user", "content": "Explain today's tides at Brest"},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "function": {
+                        "name": "tide_table",
+                        "arguments": '{"port": "Brest", "date": "2026-03-01"}',
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "High water 06:12 and 18:40"},
     ],
     "provider": "fake",
     "model": "fake-model",
     "budget_tokens": 800,
     "floor_tokens": 64,
     "params": {"temperature": 0.7, "stop": ["THE END"]},
-    "exit": {"on_cut": "resume", "droppable": True, "max_attempts": 5},
+    "exit": {"on_cut": "resume", "droppable": True, "max_attempts": 5, "on_invalid": "retry"},
     "idempotency_key": "order-1234",
     "metadata": {"customer": 42},
+    "tools": [
+        {
+            "type": "function",
+            "function": {
+                "name": "tide_table",
+                "description": "High and low water at a port on a date",
+                "parameters": _TIDES,
+                "strict": True,
+            },
+        }
+    ],
+    "tool_choice": "auto",
+    "response_format": {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "explanation",
+            "schema": {
+                "type": "object",
+                "properties": {"paragraphs": {"type": "array", "items": {"type": "string"}}},
+                "required": ["paragraphs"],
+                "additionalProperties": False,
+            },
+            "strict": True,
+        },
+    },
 }
 
 _NOT_REFUSED = "not a URL and nothing that looks like a credential (an API key, a bearer token)"
@@ -60,11 +113,29 @@ def _limit(name: str) -> str:
     return f"`[limits] {name}` ({getattr(spec.DEFAULT_LIMITS, name)} by default)"
 
 
+_TOOL_NAME = f"matches `{spec_rules.TOOL_NAME_PATTERN}`, {_NOT_REFUSED}"
+_SCHEMA = (
+    "a JSON Schema by the meta-schema of its `$schema`'s draft (2020-12 without one): an "
+    "unknown `type` or a keyword of the wrong form is refused, naming its path in the schema"
+)
+_REFS = "every `$ref` points inside the schema (no provider fetches another document)"
+_DEFINITION = f"the whole {{}} at most {_limit('max_schema_bytes')} bytes as compact JSON"
+_STRICT_SUBSET = (
+    "with `strict`: OpenAI's strict subset, as it would refuse otherwise — the root an "
+    'object, every object `"additionalProperties": false` with every property in '
+    "`required` (through `properties`, `items`, `$defs` and `anyOf`), and none of "
+    + ", ".join(f"`{k}`" for k in schema_rules.STRICT_REFUSED)
+)
+
+
 #: What each field's validators check beyond its annotation, from their own constants.
 RULES: dict[tuple[type[BaseModel], str], tuple[str, ...]] = {
     (spec.JobSpec, "messages"): (
         f"1 to {_limit('max_messages')} messages, at least one of them from the user",
-        f"the contents together at most {_limit('max_prompt_bytes')} bytes of UTF-8",
+        "the contents and the tool calls' arguments together at most "
+        f"{_limit('max_prompt_bytes')} bytes of UTF-8",
+        "each tool call's id used once in the conversation; each `tool` message answers a "
+        "call of an earlier assistant message; with `tools`, each call names one of them",
         "not with `prompt`: give one of the two",
     ),
     (spec.JobSpec, "prompt"): (
@@ -95,7 +166,47 @@ RULES: dict[tuple[type[BaseModel], str], tuple[str, ...]] = {
         f"at most {_limit('max_hooks')} names, none twice",
         f"each matches `{spec_rules.NAME_PATTERN}`, {_NOT_REFUSED}",
     ),
+    (spec.JobSpec, "tools"): (f"1 to {_limit('max_tools')} tools, no function named twice",),
+    (spec.JobSpec, "tool_choice"): (
+        "needs `tools`, unless it is `none`",
+        "a named function is one of `tools`",
+    ),
+    (spec.JobSpec, "response_format"): (
+        "not with a `tool_choice` that forces a call (`required` or a named function): the "
+        "answer would be the call, never the document",
+    ),
     (spec.GenerationParams, "stop"): ("each sequence 1 to 64 characters",),
+    (spec.Message, "content"): (
+        "a `tool` message's is the call's result, not empty; only an assistant message with "
+        "`tool_calls` may have none",
+    ),
+    (spec.Message, "tool_calls"): ("only on an assistant message, and at least one call",),
+    (spec.Message, "tool_call_id"): (
+        f"matches `{spec_rules.TOOL_CALL_ID_PATTERN}`, {_NOT_REFUSED}",
+        "required on a `tool` message, and only there",
+    ),
+    (spec.ToolCall, "id"): (f"matches `{spec_rules.TOOL_CALL_ID_PATTERN}`, {_NOT_REFUSED}",),
+    (spec.FunctionCall, "name"): (_TOOL_NAME,),
+    (spec.FunctionCall, "arguments"): ("the text of one JSON object",),
+    (spec.FunctionDef, "name"): (_TOOL_NAME,),
+    (spec.FunctionDef, "parameters"): (
+        '`"type": "object"`: a function takes an object, on every provider',
+        _SCHEMA,
+        _REFS,
+        _STRICT_SUBSET,
+        _DEFINITION.format("definition (`name`, `description`, `parameters`, `strict`)"),
+    ),
+    (spec.FunctionName, "name"): (_TOOL_NAME, "the name of one of `tools`"),
+    (spec.JsonSchemaFormat, "name"): (_TOOL_NAME,),
+    (spec.JsonSchemaFormat, "schema_"): (
+        _SCHEMA,
+        _REFS,
+        _STRICT_SUBSET,
+        _DEFINITION.format("`json_schema` (`name`, `description`, `schema`, `strict`)"),
+    ),
+    (spec.ResponseFormat, "json_schema"): (
+        "required with `type` `json_schema`, refused with `json_object`",
+    ),
 }
 
 #: Defaults that a model validator derives from other fields.
@@ -226,7 +337,8 @@ def _model_section(model: type[BaseModel], holder: str) -> list[str]:
         default = _default(model, name, field)
         kind = f"**Type:** {_type_name(field.annotation)}."
         kind += " **Required.**" if default == "required" else f" **Default:** {default}."
-        lines += [f"### `{name}`", "", *_wrap(kind), "", *_wrap(field.description)]
+        shown = field.alias or name
+        lines += [f"### `{shown}`", "", *_wrap(kind), "", *_wrap(field.description)]
         if rules:
             lines.append("")
             for rule in rules:
@@ -246,16 +358,26 @@ def _wrap(text: str, first: str = "", then: str = "") -> list[str]:
     )
 
 
+def _pretty(value: Any, indent: str, lead: str = "") -> str:
+    """``value`` as JSON after ``indent + lead``: on that one line if it fits the page, else
+    a key or an item a line, each nested the same way."""
+    flat = json.dumps(value, ensure_ascii=False)
+    if len(indent) + len(lead) + len(flat) <= _WIDTH or not isinstance(value, dict | list):
+        return flat
+    inner = indent + "  "
+    if isinstance(value, dict):
+        rows = [
+            f"{inner}{json.dumps(k)}: {_pretty(v, inner, json.dumps(k) + ': ')}"
+            for k, v in value.items()
+        ]
+        return "{\n" + ",\n".join(rows) + f"\n{indent}}}"
+    rows = [f"{inner}{_pretty(v, inner)}" for v in value]
+    return "[\n" + ",\n".join(rows) + f"\n{indent}]"
+
+
 def _example() -> str:
-    """:data:`EXAMPLE` as JSON, a key a line (and a message a line)."""
-    items = []
-    for key, value in EXAMPLE.items():
-        if key == "messages":
-            inner = ",\n".join(f"    {json.dumps(m, ensure_ascii=False)}" for m in value)
-            items.append(f'  "{key}": [\n{inner}\n  ]')
-        else:
-            items.append(f'  "{key}": {json.dumps(value, ensure_ascii=False)}')
-    return "{\n" + ",\n".join(items) + "\n}"
+    """:data:`EXAMPLE` as JSON, a key a line (and a message a line) where it fits."""
+    return _pretty(EXAMPLE, "", "x" * _WIDTH)
 
 
 def jobspec_reference() -> str:

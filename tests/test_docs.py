@@ -484,9 +484,10 @@ def test_jobspec_md_is_what_the_generator_writes() -> None:
 def test_the_reference_has_every_field_of_every_model() -> None:
     text = docs.jobspec_reference()
     for model, _ in docs.MODELS:
-        for name in model.model_fields:
-            assert f"### `{name}`" in text, f"{model.__name__}.{name}"
+        for name, field in model.model_fields.items():  # by the name JSON spells it
+            assert f"### `{field.alias or name}`" in text, f"{model.__name__}.{name}"
     assert "`[limits] max_budget_tokens` (65536 by default)" in text
+    assert "`[limits] max_schema_bytes` (65536 by default)" in " ".join(text.split())
 
 
 def test_a_validated_field_with_no_written_rule_stops_the_generator(

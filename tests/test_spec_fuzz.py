@@ -68,6 +68,7 @@ def test_client_refuses_or_accepts_cleanly(
             "--floor": st.text(max_size=6) | st.integers(-5, 10**6).map(str),
             "--on-cut": st.text(max_size=8) | st.sampled_from(["resume", "abandon", "spill"]),
             "--max-attempts": st.text(max_size=4) | st.integers(-3, 100).map(str),
+            "--on-invalid": st.text(max_size=6) | st.sampled_from(["retry", "spill", "fail"]),
         },
     )
 )

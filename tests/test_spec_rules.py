@@ -19,6 +19,7 @@ from resumeq.core.spec_rules import (
     EXIT_DEFAULTS,
     MAX_ATTEMPTS,
     ON_CUT,
+    ON_INVALID,
     CheckedSpec,
     quick_spec,
 )
@@ -43,9 +44,10 @@ not_integers = st.booleans() | st.floats(allow_nan=False) | st.just(None) | st.j
 keys = st.sampled_from(["k1", "order:42/a+b=", "x" * 200, "x" * 201, "bad key", ""])
 exits = st.dictionaries(
     st.sampled_from([*EXIT_DEFAULTS, "other"]),
-    st.sampled_from([*ON_CUT, "stop", True, False, 0, 1, 5, 50, 51, None]),
-    max_size=3,
+    st.sampled_from([*ON_CUT, *ON_INVALID, "stop", True, False, 0, 1, 5, 50, 51, None]),
+    max_size=4,
 )
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 fields = {
     "prompt": texts | secrets | st.just("hello"),
     "provider": names | secrets | texts,
@@ -57,6 +59,10 @@ fields = {
     "params": st.just({}),
     "metadata": st.just({"a": 1}),
     "messages": st.just([{"role": "user", "content": "hi"}]),
+    # the shape of the answer: the model's alone to decide, valid or not
+    "tools": st.sampled_from([[TOOL], [], None, [{"function": {"name": "a b"}}]]),
+    "tool_choice": st.sampled_from(["auto", "none", "required", "any", None]),
+    "response_format": st.sampled_from([{"type": "json_object"}, {"type": "json_schema"}, None]),
 }
 VALID: dict[str, Any] = {"prompt": "hello", "provider": "local", "model": "m", "budget_tokens": 50}
 
@@ -92,6 +98,7 @@ def test_quick_spec_decides_as_the_model_does_or_not_at_all(
             "on_cut": st.sampled_from(ON_CUT),
             "droppable": st.booleans(),
             "max_attempts": st.integers(1, MAX_ATTEMPTS),
+            "on_invalid": st.sampled_from(ON_INVALID),
         },
     ),
     key=st.none() | st.from_regex(r"[A-Za-z0-9_.:@/+=-]{1,40}", fullmatch=True),
@@ -119,6 +126,7 @@ def test_a_command_lines_spec_is_decided_without_the_model(
 def test_the_rules_hold_the_models_defaults_and_bounds() -> None:
     assert ExitPolicy().model_dump() == EXIT_DEFAULTS
     assert typing.get_args(ExitPolicy.model_fields["on_cut"].annotation) == ON_CUT
+    assert typing.get_args(ExitPolicy.model_fields["on_invalid"].annotation) == ON_INVALID
     bounds = {type(m).__name__: m for m in ExitPolicy.model_fields["max_attempts"].metadata}
     assert getattr(bounds["Le"], "le") == MAX_ATTEMPTS  # noqa: B009
     assert JobSpec.model_fields["floor_tokens"].default == DEFAULT_FLOOR_TOKENS
@@ -137,6 +145,20 @@ def test_the_rules_hold_the_models_defaults_and_bounds() -> None:
             "exit": {"on_cut": "spill", "droppable": True, "max_attempts": 5},
             "idempotency_key": "k:1",
         },
+        {
+            "prompt": "hi",
+            "provider": "p",
+            "model": "m",
+            "budget_tokens": 10,
+            "exit": {"on_invalid": "fail", "max_attempts": 2},
+        },
+        {
+            "prompt": "hi",
+            "provider": "p",
+            "model": "m",
+            "budget_tokens": 10,
+            "exit": {"on_invalid": "spill"},
+        },
     ],
 )
 def test_the_json_and_the_hash_are_the_models(data: dict[str, Any]) -> None:
@@ -144,3 +166,18 @@ def test_the_json_and_the_hash_are_the_models(data: dict[str, Any]) -> None:
     quick = quick_spec(data, LIMIT_DEFAULTS)
     assert quick is not None
     assert (quick.json, quick.prompt_hash) == (spec.to_json(), spec.prompt_hash())
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"tools": [TOOL]},
+        {"tool_choice": "none"},
+        {"response_format": {"type": "json_object"}},
+        {"tools": None},
+    ],
+)
+def test_a_spec_with_the_shape_of_an_answer_is_left_to_the_model(shape: dict[str, Any]) -> None:
+    data = {**VALID, **shape}
+    assert quick_spec(data, LIMIT_DEFAULTS) is None
+    assert decided(data, Limits()) is not None  # valid: the model writes it

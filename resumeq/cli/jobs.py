@@ -142,6 +142,7 @@ def _spec_from_options(options: dict[str, Any]) -> dict[str, Any]:
             ("on_cut", "on_cut"),
             ("droppable", "droppable"),
             ("max_attempts", "max_attempts"),
+            ("on_invalid", "on_invalid"),
         )
         if options[o] is not None
     }
@@ -162,6 +163,12 @@ def _spec_from_options(options: dict[str, Any]) -> dict[str, Any]:
 @click.option("--on-cut", type=click.Choice(["resume", "abandon", "spill"]), default=None)
 @click.option("--droppable/--no-droppable", default=None)
 @click.option("--max-attempts", type=int, default=None)
+@click.option(
+    "--on-invalid",
+    type=click.Choice(["retry", "spill", "fail"]),
+    default=None,
+    help="What an answer that is not the asked shape leads to (default spill).",
+)
 @click.option("--idempotency-key", default=None)
 @click.option("--queue", default=keys.DEFAULT_QUEUE, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")

@@ -36,6 +36,9 @@ class LimitDefaults:
     max_budget_tokens: int = 65_536
     max_metadata_bytes: int = 4_096
     max_hooks: int = 8
+    #: OpenAI's limit on the tools of one request.
+    max_tools: int = 128
+    max_schema_bytes: int = 65_536
 
 
 STORE_DEFAULTS = StoreDefaults()

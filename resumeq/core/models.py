@@ -40,6 +40,8 @@ def _read_limits() -> Limits:
         max_budget_tokens=2**62,
         max_metadata_bytes=2**62,
         max_hooks=2**31,
+        max_tools=2**31,
+        max_schema_bytes=2**62,
     )
 
 
@@ -200,7 +202,9 @@ class JobRecord:
         from resumeq.core.spec import JobSpec  # noqa: PLC0415
 
         try:
-            return JobSpec.model_validate_json(self.spec_json, context={"limits": _read_limits()})
+            return JobSpec.model_validate_json(
+                self.spec_json, context={"limits": _read_limits(), "stored": True}
+            )
         except ValidationError as exc:
             first = str(exc).splitlines()[0]
             raise CorruptRecord(f"job {self.id}: corrupt record: {first}", job_id=self.id) from None

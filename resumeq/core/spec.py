@@ -13,11 +13,10 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     JsonValue,
@@ -27,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from resumeq.core.defaults import LIMIT_DEFAULTS, LimitDefaults
+from resumeq.core.defaults import LimitDefaults
 from resumeq.core.errors import FieldError, InvalidSpec
 from resumeq.core.spec_rules import (
     DEFAULT_FLOOR_TOKENS,
@@ -38,42 +37,63 @@ from resumeq.core.spec_rules import (
     check_model,
     check_prompt,
     check_provider,
+    check_tool_call_id,
     default_floor,
-    json_boolean,
     json_integer,
-    json_number,
     prompt_hash,
     refuse_url_or_secret,
 )
+from resumeq.core.spec_tools import (
+    FunctionCall,
+    FunctionDef,
+    FunctionName,
+    JsonSchemaFormat,
+    NamedToolChoice,
+    ResponseFormat,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    check_called_tools,
+    check_conversation,
+    check_message,
+    check_response_format,
+    check_tool_choice,
+    check_tools,
+    read_tool_choice,
+)
+from resumeq.core.spec_types import (
+    AT_PATH,
+    DEFAULT_LIMITS,
+    JsonBool,
+    JsonFloat,
+    JsonInt,
+    Limits,
+)
+from resumeq.core.spec_types import limits_of as _limits
 
-#: Integer, number and boolean fields of a job spec, as strict as JSON is.
-JsonInt = Annotated[int, BeforeValidator(json_integer)]
-JsonFloat = Annotated[float, BeforeValidator(json_number)]
-JsonBool = Annotated[bool, BeforeValidator(json_boolean)]
-
-
-class Limits(BaseModel):
-    """Size limits a spec must respect; configured on the producer and worker side."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_messages: int = Field(default=LIMIT_DEFAULTS.max_messages, gt=0)
-    max_prompt_bytes: int = Field(default=LIMIT_DEFAULTS.max_prompt_bytes, gt=0)
-    max_budget_tokens: int = Field(default=LIMIT_DEFAULTS.max_budget_tokens, gt=0)
-    max_metadata_bytes: int = Field(default=LIMIT_DEFAULTS.max_metadata_bytes, gt=0)
-    max_hooks: int = Field(default=LIMIT_DEFAULTS.max_hooks, ge=0)
-
-
-DEFAULT_LIMITS = Limits()
-
-
-def _limits(info: ValidationInfo) -> Limits:
-    ctx = info.context
-    if isinstance(ctx, Mapping):
-        limits = ctx.get("limits")
-        if isinstance(limits, Limits):
-            return limits
-    return DEFAULT_LIMITS
+__all__ = [
+    "DEFAULT_LIMITS",
+    "ExitPolicy",
+    "FunctionCall",
+    "FunctionDef",
+    "FunctionName",
+    "GenerationParams",
+    "JobSpec",
+    "JsonBool",
+    "JsonFloat",
+    "JsonInt",
+    "JsonSchemaFormat",
+    "Limits",
+    "Message",
+    "NamedToolChoice",
+    "ResponseFormat",
+    "Role",
+    "Tool",
+    "ToolCall",
+    "ToolChoice",
+    "parse_spec",
+    "parse_spec_json",
+]
 
 
 class Role(StrEnum):
@@ -81,25 +101,6 @@ class Role(StrEnum):
     USER = "user"
     ASSISTANT = "assistant"
     TOOL = "tool"
-
-
-class FunctionCall(BaseModel):
-    """The function a tool call names, and its arguments as JSON text (as OpenAI sends them)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(description="The function's name.")
-    arguments: str = Field(description="The call's arguments: a JSON object, as text.")
-
-
-class ToolCall(BaseModel):
-    """A tool call an assistant message made (an app sends it back with the call's result)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    id: str = Field(description="The call's id, which the tool message's `tool_call_id` names.")
-    type: Literal["function"] = "function"
-    function: FunctionCall
 
 
 class Message(BaseModel):
@@ -116,6 +117,16 @@ class Message(BaseModel):
         default=None, description="A tool message's call: the id of the call it answers."
     )
 
+    @field_validator("tool_call_id")
+    @classmethod
+    def _check_tool_call_id(cls, v: str | None) -> str | None:
+        return v if v is None else check_tool_call_id(v)
+
+    @model_validator(mode="after")
+    def _check_parts(self, info: ValidationInfo) -> Message:
+        check_message(self, info)
+        return self
+
     def hashed(self) -> dict[str, Any]:
         """The message as the prompt hash reads it (a plain text message as before tools)."""
         out: dict[str, Any] = {"role": self.role.value, "content": self.content}
@@ -124,68 +135,6 @@ class Message(BaseModel):
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         return out
-
-
-class FunctionDef(BaseModel):
-    """A function the model may call: its name, what it does, and its parameters' JSON Schema."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str = Field(description="The function's name, `^[A-Za-z0-9_-]{1,64}$`.")
-    description: str | None = Field(default=None, description="What the function does.")
-    parameters: dict[str, JsonValue] | None = Field(
-        default=None, description="The JSON Schema of the function's arguments (an object)."
-    )
-    strict: JsonBool | None = Field(
-        default=None, description="OpenAI's strict mode: the arguments follow the schema exactly."
-    )
-
-
-class Tool(BaseModel):
-    """A function tool, in OpenAI's shape (translated per wire by the workers)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    type: Literal["function"] = "function"
-    function: FunctionDef
-
-
-class FunctionName(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str
-
-
-class NamedToolChoice(BaseModel):
-    """A `tool_choice` that forces one function."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    type: Literal["function"] = "function"
-    function: FunctionName
-
-
-ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
-
-
-class JsonSchemaFormat(BaseModel):
-    """A structured output's schema: its name, the JSON Schema, and OpenAI's strict mode."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
-
-    name: str = Field(description="The schema's name, `^[A-Za-z0-9_-]{1,64}$`.")
-    description: str | None = None
-    schema_: dict[str, JsonValue] = Field(alias="schema", description="The JSON Schema.")
-    strict: JsonBool | None = None
-
-
-class ResponseFormat(BaseModel):
-    """The answer is a JSON document: one valid for a schema, or any JSON object."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    type: Literal["json_schema", "json_object"]
-    json_schema: JsonSchemaFormat | None = None
 
 
 class GenerationParams(BaseModel):
@@ -353,7 +302,7 @@ class JobSpec(BaseModel):
             raise ValueError(f"at most {limits.max_messages} messages, got {len(v)}")
         if not any(m.role is Role.USER for m in v):
             raise ValueError("must hold at least one user message")
-        size = sum(len(m.content.encode("utf-8")) for m in v)
+        size = check_conversation(v)
         if size > limits.max_prompt_bytes:
             limit = limits.max_prompt_bytes
             raise ValueError(f"content is {size} bytes, over the limit of {limit}")
@@ -440,6 +389,37 @@ class JobSpec(BaseModel):
             raise ValueError("names a hook twice")
         return v
 
+    @field_validator("tools")
+    @classmethod
+    def _check_tools(
+        cls, v: tuple[Tool, ...] | None, info: ValidationInfo
+    ) -> tuple[Tool, ...] | None:
+        return v if v is None else check_tools(v, info)
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _read_tool_choice(cls, v: Any) -> Any:
+        return read_tool_choice(v)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _check_tool_choice(cls, v: ToolChoice | None, info: ValidationInfo) -> ToolChoice | None:
+        return check_tool_choice(v, info)  # type: ignore[no-any-return]
+
+    @field_validator("response_format")
+    @classmethod
+    def _check_response_format(
+        cls, v: ResponseFormat | None, info: ValidationInfo
+    ) -> ResponseFormat | None:
+        return check_response_format(v, info)  # type: ignore[no-any-return]
+
+    @model_validator(mode="after")
+    def _check_called_tools(self) -> JobSpec:
+        """The calls the conversation carries name the spec's tools (fields apart, checked
+        once both are valid)."""
+        check_called_tools(self.messages or (), self.tools)
+        return self
+
     @property
     def chat(self) -> tuple[Message, ...]:
         """The messages, with ``prompt`` turned into one user message."""
@@ -525,7 +505,9 @@ def parse_spec_json(blob: str | bytes, *, limits: Limits | LimitDefaults | None 
 def _field_errors(exc: ValidationError) -> list[FieldError]:
     out = []
     for err in exc.errors(include_url=False, include_input=False):
-        loc = ".".join(str(p) for p in err["loc"]) or "spec"
+        parts = [str(p) for p in err["loc"]]
+        if err["type"] == AT_PATH:  # a refusal inside the field: where in it
+            parts += [p for p in str(err.get("ctx", {}).get("path", "")).split(".") if p]
         msg = err["msg"].removeprefix("Value error, ")
-        out.append(FieldError(loc, msg))
+        out.append(FieldError(".".join(parts) or "spec", msg))
     return out

@@ -34,7 +34,13 @@ PROMPT_HASH_VERSION = 2
 DEFAULT_FLOOR_TOKENS = 32
 #: The exit policy's fields and their defaults (:class:`~resumeq.core.spec.ExitPolicy`).
 ON_CUT = ("resume", "abandon", "spill")
-EXIT_DEFAULTS: dict[str, Any] = {"on_cut": "resume", "droppable": False, "max_attempts": 5}
+ON_INVALID = ("retry", "spill", "fail")
+EXIT_DEFAULTS: dict[str, Any] = {
+    "on_cut": "resume",
+    "droppable": False,
+    "max_attempts": 5,
+    "on_invalid": "spill",
+}
 MAX_ATTEMPTS = 50
 
 #: The patterns a spec's identifiers are held to, written once for Python's ``re`` and for
@@ -62,7 +68,14 @@ SECRET_PATTERNS = (
     f"[^{SPACE_CLASS}]{{8,}}",
 )
 
+#: A function's name (a tool's, a tool call's) and a response format's, as OpenAI has them.
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+#: A tool call's id: OpenAI's ``call_…``, Anthropic's ``toolu_…``, the Responses API's.
+TOOL_CALL_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
 NAME_RE = re.compile(NAME_PATTERN)
+TOOL_NAME_RE = re.compile(TOOL_NAME_PATTERN)
+TOOL_CALL_ID_RE = re.compile(TOOL_CALL_ID_PATTERN)
 _MODEL_RE = re.compile(MODEL_PATTERN)
 _NOT_BLANK_RE = re.compile(NOT_BLANK_PATTERN)
 _URL_RE = re.compile(URL_PATTERN, re.ASCII)
@@ -122,6 +135,26 @@ def refuse_url_or_secret(value: str, what: str) -> str:
     return value
 
 
+class AtPath(ValueError):
+    """A refusal inside a field: ``path`` (dotted, from the field) says where, ``reason``
+    why. The model reports it at the field's location followed by the path, so an error
+    deep in a JSON Schema names the keyword it is about."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}" if path else reason)
+        self.path = path
+        self.reason = reason
+
+    def under(self, prefix: str) -> AtPath:
+        """The same refusal, seen from ``prefix`` up."""
+        return AtPath(f"{prefix}.{self.path}" if self.path else prefix, self.reason)
+
+
+def json_size(value: Any) -> int:
+    """The bytes of ``value`` as compact JSON in UTF-8 (how a limit on JSON measures it)."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+
+
 def default_floor(budget_tokens: int) -> int:
     """The floor of a job that gives none: :data:`DEFAULT_FLOOR_TOKENS`, or half the budget
     when that is less (a job of 10 tokens resumes with 5 or more left), and never under 1
@@ -169,6 +202,44 @@ def check_floor(v: int, budget: int | None) -> int:
     if budget == 1:
         raise ValueError(f"must be 1 when budget_tokens is 1, got {v}")
     raise ValueError(f"must be less than budget_tokens ({budget}), got {v}")
+
+
+def check_tool_name(v: str, what: str = "a function's name") -> str:
+    refuse_url_or_secret(v, what)
+    if not TOOL_NAME_RE.fullmatch(v):
+        raise ValueError(f"must be {what}: 1 to 64 of letters, digits, '_' and '-'")
+    return v
+
+
+def check_tool_call_id(v: str) -> str:
+    refuse_url_or_secret(v, "a tool call's id")
+    if not TOOL_CALL_ID_RE.fullmatch(v):
+        raise ValueError("must be a tool call's id: 1 to 64 of letters, digits, '_' and '-'")
+    return v
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def check_arguments(v: str) -> str:
+    """A tool call's arguments: the text of one JSON object (as OpenAI sends them)."""
+    try:
+        value = json.loads(v, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise ValueError(f"must be a JSON object, as text: {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"must be a JSON object, as text, not {json_type(value)}")
+    return v
+
+
+def json_type(value: Any) -> str:
+    """What JSON calls the type of ``value`` (a value ``json.loads`` made)."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else "a boolean"
+    if isinstance(value, dict | list | str):
+        return {dict: "an object", list: "an array", str: "a string"}[type(value)]
+    return "a number"
 
 
 def check_idempotency_key(v: str) -> str:
@@ -292,16 +363,17 @@ def _quick_exit(policy: Mapping[str, Any]) -> dict[str, Any] | None:
     the rules cannot take."""
     if not policy.keys() <= EXIT_DEFAULTS.keys():
         return None
-    on_cut = policy.get("on_cut", "resume")
-    droppable = policy.get("droppable", False)
-    attempts = policy.get("max_attempts", 5)
+    chosen = {k: policy.get(k, default) for k, default in EXIT_DEFAULTS.items()}
+    on_cut, droppable = chosen["on_cut"], chosen["droppable"]
+    attempts, on_invalid = chosen["max_attempts"], chosen["on_invalid"]
     if not (
         type(on_cut) is str
         and on_cut in ON_CUT
         and type(droppable) is bool
         and type(attempts) is int
         and 1 <= attempts <= MAX_ATTEMPTS
+        and type(on_invalid) is str
+        and on_invalid in ON_INVALID
     ):
         return None
-    chosen = {"on_cut": on_cut, "droppable": droppable, "max_attempts": attempts}
     return {k: v for k, v in chosen.items() if v != EXIT_DEFAULTS[k]}

@@ -5,10 +5,17 @@ configured providers as the ``provider`` enum of a new job, ``[worker] queues`` 
 problem+json. The patterns are the ones the code matches (:mod:`resumeq.core.spec_rules`,
 :mod:`resumeq.store.keys`), written once for both engines.
 
-Two rules of a job spec compare fields with each other, which JSON Schema cannot say: a
-``floor_tokens`` under ``budget_tokens`` (or 1), and an ``idempotency_key`` in the body equal
-to the ``Idempotency-Key`` header when both are sent. Both are in the descriptions; a key
-reused with another body is a 422, as the Idempotency-Key draft has it.
+Some rules of a job spec compare fields with each other, which JSON Schema cannot say (or
+a fuzzer could not follow): a ``floor_tokens`` under ``budget_tokens`` (or 1), an
+``idempotency_key`` in the body equal to the ``Idempotency-Key`` header when both are sent,
+a ``tool_choice`` naming one of ``tools`` (and none without them but ``none``), a
+``response_format`` only with a ``tool_choice`` that forces no call, tool names used once,
+and a conversation's tool calls: ids used once, each tool message answering an earlier
+call, each call naming a tool. A tool's ``parameters`` and a response format's ``schema``
+are published as objects (a JSON Schema is one; the meta-schema is no schema a fuzzer can
+generate from), with what enqueue checks of them in their descriptions
+(:mod:`resumeq.server.openapi_shapes`). All of them are in the descriptions; a key reused
+with another body is a 422, as the Idempotency-Key draft has it.
 
 The event stream is ``text/event-stream`` whose ``schema`` describes one event (OpenAPI
 3.1 has no ``itemSchema``; 3.2's SSE shape, ``{event, data, id, retry}`` with the data's
@@ -22,9 +29,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from resumeq.core import names, spec, spec_rules
+from resumeq.core import names, spec, spec_rules, spec_tools
 from resumeq.core.settings import Settings
 from resumeq.core.states import JobState
+from resumeq.server.openapi_shapes import not_refused as _not_refused
+from resumeq.server.openapi_shapes import nullable as _nullable
+from resumeq.server.openapi_shapes import shape_components
+from resumeq.server.openapi_shapes import string as _string
 from resumeq.store import QUEUE_PATTERN, keys
 
 PROBLEM = {"$ref": "#/components/schemas/Problem"}
@@ -68,24 +79,6 @@ def _problems(*statuses: int) -> dict[str, Any]:
         }
         for s in statuses
     }
-
-
-def _not_refused(*extra: dict[str, Any]) -> dict[str, Any]:
-    """What a short identifier or a piece of data may not be: a URL or a credential."""
-    secrets = ({"pattern": p} for p in spec_rules.SECRET_PATTERNS)
-    patterns = [{"pattern": spec_rules.URL_PATTERN}, *secrets]
-    return {"not": {"anyOf": [*patterns, *extra]}}
-
-
-def _string(pattern: str, description: str = "", **more: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": "string", "pattern": pattern, **_not_refused(), **more}
-    if description:
-        out["description"] = description
-    return out
-
-
-def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"anyOf": [schema, {"type": "null"}]}
 
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True,
@@ -171,8 +164,10 @@ def job_spec_schema(settings: Settings) -> dict[str, Any]:
                 "items": {"$ref": "#/components/schemas/Message"},
                 "contains": {"type": "object", "properties": {"role": {"const": "user"}},
                              "required": ["role"]},
-                "description": "at least one user message; all contents together at most "
-                f"{limits.max_prompt_bytes} bytes of UTF-8",
+                "description": "at least one user message; all contents and tool calls' "
+                f"arguments together at most {limits.max_prompt_bytes} bytes of UTF-8; each "
+                "tool call's id used once; a tool message answers a call of an earlier "
+                "assistant message; with tools, each call names one of them",
             }),
             "prompt": _nullable({
                 "type": "string", "pattern": spec_rules.NOT_BLANK_PATTERN,
@@ -211,6 +206,21 @@ def job_spec_schema(settings: Settings) -> dict[str, Any]:
                 "items": _string(spec_rules.NAME_PATTERN),
                 "description": "names of hooks registered on the workers",
             },
+            "tools": _nullable({
+                "type": "array", "minItems": 1, "maxItems": limits.max_tools,
+                "uniqueItems": True, "items": {"$ref": "#/components/schemas/Tool"},
+                "description": "functions the model may call; no function named twice",
+            }),
+            "tool_choice": _nullable({
+                "anyOf": [{"enum": list(spec_tools.TOOL_CHOICE_MODES)},
+                          {"$ref": "#/components/schemas/NamedToolChoice"}],
+                "description": "needs tools, unless none; a named function is one of tools",
+            }),
+            "response_format": _nullable({
+                "$ref": "#/components/schemas/ResponseFormat",
+                "description": "not with a tool_choice that forces a call (required or a "
+                "named function): the answer would be the call, never the document",
+            }),
         },
     }  # fmt: skip
 
@@ -219,11 +229,7 @@ def _components(settings: Settings) -> dict[str, Any]:
     states = [s.value for s in JobState]
     return {
         "JobSpec": job_spec_schema(settings),
-        "Message": {
-            "type": "object", "additionalProperties": False, "required": ["role", "content"],
-            "properties": {"role": {"enum": ["system", "user", "assistant"]},
-                           "content": {"type": "string"}},
-        },
+        **shape_components(settings),
         "GenerationParams": {
             "type": "object", "additionalProperties": False,
             "description": "sampling parameters that change the answer, and so the prompt hash",
@@ -243,6 +249,9 @@ def _components(settings: Settings) -> dict[str, Any]:
                 "droppable": {"type": "boolean", "description": "a droppable job abandons "
                               "(keeping its partial text) where another spills"},
                 "max_attempts": {"type": "integer", "minimum": 1, "maximum": 50},
+                "on_invalid": {"enum": list(spec_rules.ON_INVALID),
+                               "description": "what an answer that is not the asked shape "
+                               "leads to: a fresh attempt, a spill, or failure"},
             },
         },
         # Metadata: JSON with no URL and no credential in any string (keys included).
@@ -270,6 +279,14 @@ def _components(settings: Settings) -> dict[str, Any]:
                              "the queue it went to"},
                 "links": {"type": "object", "properties": {
                     k: {"type": "string"} for k in ("self", "events", "cancel")}},
+                "tool_calls": {"type": "array", "items": {
+                    "type": "object", "required": ["id", "name", "arguments"],
+                    "properties": {"id": {"type": "string"}, "name": {"type": "string"},
+                                   "arguments": {"type": "string",
+                                                 "description": "a JSON object, as text"}}},
+                    "description": "the answer's tool calls, whole and durable"},
+                "refusal": {"type": ["string", "null"],
+                            "description": "the provider's refusal, when it refused"},
             },
             "additionalProperties": True,
         },

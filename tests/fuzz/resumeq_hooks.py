@@ -6,7 +6,13 @@ generated.
 - ``floor_tokens`` is under ``budget_tokens``, or 1;
 - a body's ``idempotency_key`` is the ``Idempotency-Key`` header's, when both are sent;
 - a key names one request: reused with another body or queue it is a 422 (the
-  Idempotency-Key draft), so a generated key is made that request's own."""
+  Idempotency-Key draft), so a generated key is made that request's own;
+- tools: no function named twice, each JSON Schema one enqueue takes (a generated object
+  seldom is: it is made the smallest that is, the one strict mode takes too);
+- a ``tool_choice`` other than ``none`` has tools and names one of them; a forced one goes
+  without ``response_format``;
+- a conversation's tool calls: ids used once, arguments a JSON object, names of the tools;
+  a tool message answers an earlier call (or goes, when there is none)."""
 
 from __future__ import annotations
 
@@ -15,6 +21,9 @@ import json
 from typing import Any
 
 import schemathesis
+
+from resumeq.core import schema_rules
+from resumeq.core.spec_rules import AtPath, check_arguments
 
 KEY_MAX = 128
 
@@ -29,6 +38,7 @@ def before_call(ctx: Any, case: Any, kwargs: dict[str, Any]) -> None:
     body = case.body
     if not isinstance(body, dict):
         return
+    _keep_the_shape(body)
     budget, floor = body.get("budget_tokens"), body.get("floor_tokens")
     if _int(budget) and _int(floor) and floor != 1 and floor >= budget:
         body["floor_tokens"] = 1
@@ -55,3 +65,84 @@ def _own(key: str, body: dict[str, Any], query: Any) -> str:
     asked = json.dumps([rest, dict(query or {})], sort_keys=True, default=str)
     digest = hashlib.sha256(asked.encode()).hexdigest()[:16]
     return f"{key[: KEY_MAX - 17]}.{digest}"  # "." ends a credential's run
+
+
+#: The smallest JSON Schema of an object that every check takes, strict mode's too.
+CLOSED_OBJECT = {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
+
+
+def _taken(schema: Any, *, root: bool, strict: bool) -> bool:
+    try:
+        if root:
+            schema_rules.check_object_root(schema)
+        schema_rules.check_json_schema(schema)
+        if strict:
+            schema_rules.check_strict(schema)
+    except AtPath:
+        return False
+    return True
+
+
+def _keep_the_shape(body: dict[str, Any]) -> None:
+    names = _tools(body)
+    choice = body.get("tool_choice")
+    if choice is not None and choice != "none":
+        if not names:
+            body["tool_choice"] = "none"
+        elif isinstance(choice, dict) and choice["function"]["name"] not in names:
+            choice["function"]["name"] = names[0]
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and isinstance(fmt.get("json_schema"), dict):
+        asked = fmt["json_schema"]
+        if not _taken(asked["schema"], root=False, strict=bool(asked.get("strict"))):
+            asked["schema"] = dict(CLOSED_OBJECT)
+    forced = body.get("tool_choice") == "required" or isinstance(body.get("tool_choice"), dict)
+    if fmt is not None and forced:
+        body["tool_choice"] = "auto"
+    if isinstance(body.get("messages"), list):
+        body["messages"] = _answered(body["messages"], names)
+
+
+def _tools(body: dict[str, Any]) -> list[str]:
+    """The tools made distinct, each schema one enqueue takes; answers their names."""
+    tools = body.get("tools")
+    names: list[str] = []
+    if not isinstance(tools, list):
+        return names
+    kept = []
+    for tool in tools:
+        function = tool["function"]
+        if function["name"] in names:
+            continue
+        names.append(function["name"])
+        params, strict = function.get("parameters"), bool(function.get("strict"))
+        if params is not None and not _taken(params, root=True, strict=strict):
+            function["parameters"] = dict(CLOSED_OBJECT)
+        kept.append(tool)
+    body["tools"] = kept
+    return names
+
+
+def _answered(messages: list[Any], names: list[str]) -> list[Any]:
+    """The conversation with its calls made consistent: ids once, arguments an object,
+    names of the tools; a tool message answering an earlier call, or left out."""
+    calls: list[str] = []
+    out = []
+    for message in messages:
+        for n, call in enumerate(message.get("tool_calls") or ()):
+            if call["id"] in calls:
+                call["id"] = f"call{len(calls)}x{n}"
+            calls.append(call["id"])
+            function = call["function"]
+            if names and function["name"] not in names:
+                function["name"] = names[0]
+            try:
+                check_arguments(function["arguments"])
+            except ValueError:
+                function["arguments"] = "{}"
+        if message.get("role") == "tool" and message.get("tool_call_id") not in calls:
+            if not calls:
+                continue
+            message["tool_call_id"] = calls[0]
+        out.append(message)
+    return out

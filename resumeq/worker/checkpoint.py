@@ -147,7 +147,9 @@ class Checkpointer:
         self._calls_version = 0
         self._calls_written = 0
         self._announce: list[dict[str, str]] = []
-        self.attempt = lease.token.partition(":")[0]
+        #: The attempt this checkpointer writes for (a fencing token is attempt:holder:nonce).
+        head = lease.token.partition(":")[0]
+        self.attempt = int(head) if head.isdigit() else 0
         #: The provider's refusal, written with the next flush.
         self.refusal = ""
         self._refusal_written = ""
@@ -216,8 +218,7 @@ class Checkpointer:
             at = self._call_at.get(index)
             if at is None:
                 at = self._call_at[index] = len(self.calls)
-                attempt = int(self.attempt) if self.attempt.isdigit() else 0
-                self.calls.append(DurableCall(call_id or "", name or "", attempt=attempt))
+                self.calls.append(DurableCall(call_id or "", name or "", attempt=self.attempt))
             call = self.calls[at]
             self.calls[at] = dataclasses.replace(
                 call,

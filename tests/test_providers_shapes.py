@@ -239,10 +239,21 @@ def test_anthropic_prefill_after_tool_results_keeps_its_trim() -> None:
 
 
 def test_anthropic_refuses_arguments_that_are_no_object() -> None:
-    broken = [*CONVERSATION[:2], {"role": "assistant", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "[1, 2]"}}]},
+    """Enqueue refuses such arguments; a record written before that rule (read back
+    without it) still never reaches the wire as a tool_use whose input is not an object."""
+    whole = [*CONVERSATION[:2], {"role": "assistant", "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]  # fmt: skip
-    job = parse_spec({"messages": broken, "provider": "p", "model": "m", "budget_tokens": 300})
+    job = parse_spec({"messages": whole, "provider": "p", "model": "m", "budget_tokens": 300})
+    assert job.messages is not None
+    asked = job.messages[2]
+    assert asked.tool_calls is not None
+    call = asked.tool_calls[0]
+    broken = call.model_copy(update={"function": call.function.model_copy(
+        update={"arguments": "[1, 2]"})})  # fmt: skip
+    messages = (*job.messages[:2], asked.model_copy(update={"tool_calls": (broken,)}),
+                *job.messages[3:])  # fmt: skip
+    job = job.model_copy(update={"messages": messages})
     with pytest.raises(FatalProviderError, match="not a JSON object"):
         client("anthropic").body(plan_request(job, client("anthropic").profile, prefix="",
                                               remaining_tokens=100))  # fmt: skip

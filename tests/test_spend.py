@@ -171,6 +171,7 @@ def by_the_model(
         "reattaches": sum(r.kind == "reattach" for r in rs),
         "output_tokens_billed": sum(r.billed_output for r in rs),
         "output_tokens_persisted": sum(r.output_tokens_persisted for r in rs),
+        "regenerated_tokens": sum(r.regenerated_tokens for r in rs),
         "input_tokens_billed": billed_in,
         "cached_input_tokens": cached_in,
         "output_counts_complete": all(r.output_tokens is not None for r in rs),

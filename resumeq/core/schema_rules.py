@@ -184,3 +184,13 @@ def _strict(schema: Any, path: str) -> None:
             raise AtPath(path, f"required must list every property with strict (not {listed})")
     for sub_path, sub in _subschemas(schema, _STRICT_ONE, _STRICT_MAP, _STRICT_LIST):
         _strict(sub, _join(path, sub_path))
+
+
+def check_schema(schema: Mapping[str, Any], *, root: bool, strict: bool) -> None:
+    """Every rule a spec's schema meets: a JSON Schema, an object's at the ``root`` of a
+    function's parameters, and strict mode's subset where ``strict``; raises AtPath."""
+    if root:
+        check_object_root(schema)
+    check_json_schema(schema)
+    if strict:
+        check_strict(schema)

@@ -86,11 +86,7 @@ def _definition_size(definition: BaseModel, limits: Limits) -> None:
 def _check_schema(schema: Mapping[str, Any], field: str, *, strict: bool, root: bool) -> None:
     """A JSON Schema (``root``: an object's) with strict mode's subset if ``strict``."""
     try:
-        if root:
-            schema_rules.check_object_root(schema)
-        schema_rules.check_json_schema(schema)
-        if strict:
-            schema_rules.check_strict(schema)
+        schema_rules.check_schema(schema, root=root, strict=strict)
     except AtPath as exc:
         raise at_path(exc, field) from None
 

@@ -395,7 +395,8 @@ def spill_detail(store: Store, job_id: str) -> dict[str, Any]:
     conversation it was asked (the prompt itself, not only its hash)."""
     info = status_dict(store, job_id)
     record = store.get(job_id)
-    info["messages"] = [m.model_dump(mode="json") for m in record.spec.chat]
+    # A plain text message as it always was; tool calls and a tool's call id where set.
+    info["messages"] = [m.model_dump(mode="json", exclude_none=True) for m in record.spec.chat]
     info["provider"] = record.spec.provider
     info["model"] = record.spec.model
     return info

@@ -525,7 +525,12 @@ class ConcurrentWorker(BaseWorker):
         thread, pubsub = self.pubsub_thread, getattr(self, "pubsub", None)
         if thread is None or pubsub is None:
             return
-        thread.stop()
+        try:
+            # redis-py 8 joins the thread in stop() (forever, unless told): not yet, it is
+            # the unsubscribe's reply below that wakes it.
+            thread.stop(timeout=0)  # type: ignore[call-arg,unused-ignore]
+        except TypeError:  # redis-py before 8: stop() only clears the flag
+            thread.stop()
         with contextlib.suppress(redis.RedisError):
             pubsub.unsubscribe()  # its reply wakes the listening thread, which sees the stop
         thread.join(timeout=1)

@@ -73,11 +73,7 @@ CLOSED_OBJECT = {"type": "object", "properties": {}, "required": [], "additional
 
 def _taken(schema: Any, *, root: bool, strict: bool) -> bool:
     try:
-        if root:
-            schema_rules.check_object_root(schema)
-        schema_rules.check_json_schema(schema)
-        if strict:
-            schema_rules.check_strict(schema)
+        schema_rules.check_schema(schema, root=root, strict=strict)
     except AtPath:
         return False
     return True

@@ -83,6 +83,7 @@ bench: $(STAMP) redis-server
 	$(BIN)/python benchmarks/flush.py
 	$(BIN)/python benchmarks/recovery.py --kills 5
 	$(BIN)/python benchmarks/cost.py --jobs 20 --repeats 1
+	$(BIN)/python benchmarks/cost_tools.py --jobs 20 --repeats 1
 	$(BIN)/python benchmarks/overhead.py --tokens 5000 --repeats 3
 	$(BIN)/python benchmarks/throughput.py --jobs 100 --repeats 1
 	$(BIN)/python benchmarks/memory.py --quick

@@ -8,7 +8,12 @@ valid for a schema; a cut is continued). The fake provider's chaos mode cuts eac
 with ``--probability`` at a uniformly random token of what it would send, one RNG per
 conversation, so both sides meet the same draws. Tokens billed come from the fake's journal;
 what is needed is the fake's uncut answer (text, arguments, document). resumeq's answers are
-checked against the uncut ones: calls by name and arguments, documents byte for byte.
+checked against the uncut ones: calls by name and arguments, documents byte for byte. A job
+ends exact, or takes its exit when every one of its ``max_attempts`` was cut (the baseline's
+``Retry(max=5)`` has the same allowance); ``done_inexact`` counts answers that are neither.
+
+A call cut inside its arguments is continued (the profile's ``continue_calls``, the default);
+``--ask-again`` sets it false, so that such a call is asked for again whole.
 
 Targets (issue 33): tool calls ≤ 1.30 output billed ÷ needed, documents ≤ 1.05, at a 50 %
 cut rate; the naive replay's ratio beside them.
@@ -129,16 +134,28 @@ class Side:
 
         wait_until(ended, deadline=started + self.args.timeout_s, interval_s=0.02, what="jobs")
         wall = time.monotonic() - started
-        exact = 0
+        exact = wrong = 0
         regenerated = 0
         for job_id, spec in zip(ids, specs, strict=True):
             info = status_dict(self.store, job_id)
             answer = uncut(self.fake, spec)
             calls = [(c["name"], c["arguments"]) for c in info["tool_calls"]]
             want = [(c["name"], c["arguments"]) for c in answer.get("tool_calls") or ()]
-            exact += info["state"] == "done" and info["text"] == answer["text"] and calls == want
+            ok = info["state"] == "done" and info["text"] == answer["text"] and calls == want
+            exact += ok
+            wrong += info["state"] == "done" and not ok
+            if not ok:
+                why = [a.get("reason") for a in info["attempts"]][-1:]
+                print(f"not exact: job {job_id} {info['state']}: {why}", file=sys.stderr)
             regenerated += info["summary"]["regenerated_tokens"]
-        return {**self._totals(specs, wall), "exact": exact, "regenerated_tokens": regenerated}
+        return {
+            **self._totals(specs, wall),
+            "exact": exact,
+            # Done with an answer other than the uncut one: never expected. The rest of the
+            # jobs not exact took their exit (a job cut at every one of its max_attempts).
+            "done_inexact": wrong,
+            "regenerated_tokens": regenerated,
+        }
 
     def baseline(self, specs: list[dict[str, Any]], seed: int) -> dict[str, Any]:
         self._arm(seed)
@@ -191,6 +208,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--retries", type=int, default=5)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--timeout-s", type=float, default=600)
+    parser.add_argument("--ask-again", action="store_true", help="continue_calls = false")
     args = parser.parse_args(argv)
     with (
         tempfile.TemporaryDirectory(prefix="resumeq-cost-tools-") as tmp,
@@ -202,6 +220,7 @@ def main(argv: list[str]) -> int:
             "base_url": fake.openai_base_url,
             "continue_mode": "instruction",
             "counting": "usage",
+            "continue_calls": not args.ask_again,
         }
         config = write_config(
             Path(tmp) / "resumeq.toml",
@@ -241,12 +260,14 @@ def main(argv: list[str]) -> int:
         "documents_output_ratio": ours_docs,
         "documents_baseline_output_ratio": documents["baseline"]["output_ratio"],
         "documents_exact": documents["resumeq"]["exact"],
+        "continue_calls": not args.ask_again,
         "target_tools_max": 1.30,
         "target_documents_max": 1.05,
+        "tools_done_inexact": sum(r["resumeq"]["done_inexact"] for r in tools["runs"]),
+        "documents_done_inexact": sum(r["resumeq"]["done_inexact"] for r in documents["runs"]),
         "target_met": ours_tools <= 1.30
         and ours_docs <= 1.05
-        and tools["resumeq"]["exact"] == args.jobs
-        and documents["resumeq"]["exact"] == args.jobs,
+        and all(r["resumeq"]["done_inexact"] == 0 for r in tools["runs"] + documents["runs"]),
         "tools": tools,
         "documents": documents,
     }

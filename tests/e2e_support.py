@@ -108,6 +108,15 @@ def make_world(
                     "kind": "openai-responses",
                     "continue_mode": "instruction",
                 },
+                # Tool calls cut inside their arguments asked for again, not continued.
+                "fake-redo": {**profile, "continue_calls": False},
+                "fake-anthropic-redo": {
+                    **profile,
+                    "kind": "anthropic",
+                    "base_url": fake.anthropic_base_url,
+                    "continue_mode": "prefill",
+                    "continue_calls": False,
+                },
                 # llama.cpp's server: a prefill, echoed; usage only at the end; its /tokenize.
                 "llamacpp": {
                     **profile,

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from resumeq.core.answer import (
+    CALL_NOTE,
+    CALL_NOTE_SCHEMA,
     JSON_OBJECT_NOTE,
     SCHEMA_NOTE,
     DurableCall,
@@ -176,6 +178,46 @@ def test_a_redo_forces_its_tool_choice_and_keeps_the_tools() -> None:
         tool_spec(), profile(), prefix="Let me look.", remaining_tokens=50, tool_choice=forced
     )
     assert plan.shape.tool_choice == forced and len(plan.shape.tools) == 2
+
+
+def test_a_call_cut_inside_its_arguments_is_continued_where_the_profile_continues_calls() -> None:
+    kept = call("get_weather", '{"city":"Lyon","days":2}')
+    cut = call("get_time", '{"tz":"Eu', complete=False, tokens=4)
+    redo = redo_of((kept, cut), tool_spec(), continue_calls=True)
+    assert redo is not None and redo.continued == cut and redo.kept == (kept, cut)
+    assert redo.tool_choice == "none" and redo.regenerated_tokens == 0
+    assert "arguments continued" in redo.why
+    # Nothing of it arrived: there is nothing to continue, it is asked again.
+    bare = call("get_time", "", complete=False, tokens=0)
+    again = redo_of((kept, bare), tool_spec(), continue_calls=True)
+    assert again is not None and again.continued is None and again.kept == (kept,)
+    # A background profile reads a cut call on; one that says no asks it again.
+    background = ProviderProfile.model_validate(
+        {"kind": "openai-responses", "base_url": "http://127.0.0.1:1/v1", "background": True}
+    )
+    assert profile().continues_calls and not background.continues_calls
+    off = profile().model_copy(update={"continue_calls": False})
+    assert not off.continues_calls
+
+
+@pytest.mark.parametrize(("kind", "mode"), [("openai", "instruction"), ("anthropic", "prefill"),
+                                           ("openai", "continue_final_message")])  # fmt: skip
+def test_a_continued_call_asks_for_the_rest_of_its_arguments_as_text(kind: str, mode: str) -> None:
+    cut = call("get_weather", '{"city":"Ly', complete=False)
+    plan = plan_request(
+        doc_spec(tools=TOOLS), profile(kind, mode), prefix="Let me look.", remaining_tokens=50,
+        call=cut,
+    )  # fmt: skip
+    assert plan.kind == "resume" and plan.continues_call
+    assert plan.shape.tool_choice == "none" and len(plan.shape.tools) == 2
+    assert plan.shape.response_format is None
+    note = plan.messages[0]
+    assert note.role == "system" and note.content.startswith(CALL_NOTE + "get_weather")
+    schema = note.content.partition(CALL_NOTE_SCHEMA)[2]
+    assert json.loads(schema) == WEATHER and SCHEMA_NOTE not in note.content
+    assert plan.prefix_chars_sent == len(cut.arguments)  # the arguments are the prefix
+    last = plan.messages[-1]
+    assert (cut.arguments in last.content) and (last.role == "user") == (mode == "instruction")
 
 
 def view(**over: Any) -> JobView:

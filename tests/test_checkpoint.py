@@ -223,3 +223,32 @@ def test_a_token_count_flush_waits_for_the_minimum_interval(real_store: Store) -
     clock.t = 0.021
     ck.add("y", 1, exact=True)
     assert ck.flushes == 1 and real_store.text(got.lease.job_id) == "x" * 10 + "y"
+
+
+def test_a_continued_call_takes_the_text_into_its_arguments(real_store: Store) -> None:
+    got = started(real_store)
+    job_id = got.lease.job_id
+    ck = Checkpointer(real_store, got.lease, revision=1, flush_tokens=2, flush_ms=250)
+    ck.add("Let me look.", 3, exact=True)
+    ck.tool(0, "call_1", "get_weather", '{"city":"Ly', 4, exact=True)
+    assert ck.flush()
+    cut = real_store.get(job_id).calls
+    ck.keep_calls(cut, cut)
+    ck.continue_call()
+    assert ck.continued == cut[0]
+    ck.add('on","days"', 3, exact=True)
+    ck.add(":2}", 2, exact=True)
+    assert ck.flush()
+    record = real_store.get(job_id)
+    # The text is untouched; the arguments grew, still not shown.
+    assert real_store.text(job_id) == "Let me look."
+    (call,) = record.calls
+    assert (call.arguments, call.tokens, call.complete) == ('{"city":"Lyon","days":2}', 9, False)
+    assert record.spent_output_tokens == 12
+    ck.end_continued()
+    assert ck.continued is None
+    assert ck.flush()
+    (whole,) = real_store.get(job_id).calls
+    assert whole.complete and whole.id == "call_1"
+    ck.add("more", 1, exact=True)  # after the end, text is text again
+    assert ck.flush() and real_store.text(job_id) == "Let me look.more"

@@ -168,10 +168,44 @@ def test_messages_file(
     assert out.returncode == 0, out.stderr
 
 
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
+
+
+def test_tools_tool_choice_and_response_format_from_files(
+    redis_server: RedisServer, real_store: Store, tmp_path: Path
+) -> None:
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([WEATHER_TOOL]))
+    fmt = tmp_path / "format.json"
+    fmt.write_text(json.dumps({"type": "json_object"}))
+    out = run(
+        "enqueue", "--provider", "local", "--model", "m", "--budget", "50", "--prompt", "Lyon?",
+        "--tools", str(tools), "--tool-choice", "get_weather", "--on-invalid", "fail",
+        url=redis_server.url,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    spec = real_store.get(out.stdout.strip()).spec
+    assert spec.tools is not None and spec.tools[0].function.name == "get_weather"
+    assert spec.tool_choice is not None and spec.tool_choice.function.name == "get_weather"  # type: ignore[union-attr]
+    assert spec.exit.on_invalid == "fail"
+    doc = run(
+        "enqueue", "--provider", "local", "--model", "m", "--budget", "50", "--prompt", "Lyon?",
+        "--tools", str(tools), "--tool-choice", "auto", "--response-format", str(fmt),
+        url=redis_server.url,
+    )  # fmt: skip
+    assert doc.returncode == 0, doc.stderr
+    shaped = real_store.get(doc.stdout.strip()).spec
+    assert shaped.tool_choice == "auto" and shaped.response_format is not None
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (("--budget", "0", "--prompt", "x"), "budget_tokens"),
+        (("--budget", "10", "--prompt", "x", "--tools", "/nonexistent.json"), "--tools"),
+        (("--budget", "10", "--prompt", "x", "--tool-choice", "get_news"), "tool_choice"),
+        (("--budget", "10", "--prompt", "x", "--response-format", "/no.json"), "--response-format"),
         (("--budget", "10", "--prompt", "x", "--floor", "20"), "floor_tokens"),
         (("--budget", "10"), "give --prompt TEXT or --messages FILE"),
         (("--budget", "10", "--messages", "/nonexistent.json"), "--messages"),

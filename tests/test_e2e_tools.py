@@ -87,20 +87,36 @@ def status(world: World, job_id: str) -> dict[str, Any]:
     return status_dict(world.store, job_id)
 
 
-def billed_twice(world: World, prompt: str) -> int:
-    """The argument tokens of calls the fake sent cut (complete False): billed, then asked
-    for again."""
+GENERATIONS = ("/v1/chat/completions", "/v1/messages", "/v1/responses")
+
+
+def exchanges(world: World, prompt: str) -> list[dict[str, Any]]:
+    """The fake's generation requests for one job."""
+    return [
+        e
+        for e in world.fake.journal()
+        if e["path"] in GENERATIONS and prompt in json.dumps(e.get("body"))
+    ]
+
+
+def bought_twice(world: World, prompt: str, uncut: dict[str, Any]) -> int:
+    """Output tokens the fake billed for this job past what its uncut answer needs."""
+    needed = uncut["count"] + sum(c["count"] for c in uncut["tool_calls"])
+    return sum(int(e["output_tokens_billed"]) for e in exchanges(world, prompt)) - needed
+
+
+def partial_tokens(world: World, prompt: str) -> int:
+    """The argument tokens of calls the fake sent cut (complete False)."""
     return sum(
         call["tokens"]
-        for e in world.fake.journal()
-        if prompt in json.dumps(e.get("body"))
+        for e in exchanges(world, prompt)
         for call in e.get("tool_calls") or ()
         if not call["complete"]
     )
 
 
-@pytest.mark.parametrize("provider", WIRES)
-def test_a_call_cut_inside_its_arguments_ends_with_the_uncut_call_once(
+@pytest.mark.parametrize("provider", [*WIRES, "llamacpp"])
+def test_a_call_cut_inside_its_arguments_is_continued_to_the_uncut_call_once(
     world: World, provider: str
 ) -> None:
     prompt = f"Weather in Lyon for {provider}? [fake:tool]"
@@ -113,45 +129,73 @@ def test_a_call_cut_inside_its_arguments_ends_with_the_uncut_call_once(
     assert info["text"] == uncut["text"]
     assert calls_of(info) == [(c["name"], c["arguments"]) for c in uncut["tool_calls"]]
     assert info["finish_reason"] == "tool_calls"
-    twice = billed_twice(world, prompt)
-    regenerated = info["summary"]["regenerated_tokens"]
+    # Nothing was bought twice: the fake billed exactly the uncut answer's tokens.
+    assert bought_twice(world, prompt, uncut) == 0
+    assert info["summary"]["regenerated_tokens"] == 0
     if provider == "fake-responses":
-        # Its background response went on: read on where it was cut, inside the call, the
-        # call is carried on exactly and nothing is bought again.
+        # Its background response went on: read on where it was cut, inside the call.
         assert [a["kind"] for a in info["attempts"]] == ["fresh", "reattach"]
-        assert regenerated == twice == 0
         return
-    assert twice > 0
-    if provider == "fake":
+    cut, rest = exchanges(world, prompt)
+    assert partial_tokens(world, prompt) > 0 and cut["fault"] is not None
+    # The call the cut attempt began is the call the answer holds, id and all.
+    assert info["tool_calls"][0]["id"] == cut["tool_calls"][0]["id"]
+    assert [a["kind"] for a in info["attempts"]] == ["fresh", "resume"]
+    assert "get_weather" in json.dumps(rest["body"])  # the note names the call continued
+    assert rest["continuation"]["prefix_chars"] > 0 and not rest.get("tool_calls")
+
+
+@pytest.mark.parametrize("provider", ["fake-redo", "fake-anthropic-redo"])
+def test_a_call_cut_inside_its_arguments_is_asked_again_where_calls_are_not_continued(
+    world: World, provider: str
+) -> None:
+    prompt = f"Weather in Lyon, asked again, for {provider}? [fake:tool]"
+    uncut = canonical(world, prompt, tools=TOOLS)
+    at = uncut["count"] + uncut["tool_calls"][0]["count"] // 2
+    world.fake.add_faults([{"kind": "disconnect", "after_tokens": at, "match": prompt}])
+    job_id = world.enqueue(prompt, provider=provider, tools=TOOLS)
+    assert world.wait_state(job_id, ENDED).state.value == "done"
+    info = status(world, job_id)
+    assert info["text"] == uncut["text"]
+    assert calls_of(info) == [(c["name"], c["arguments"]) for c in uncut["tool_calls"]]
+    twice = bought_twice(world, prompt, uncut)
+    assert twice == partial_tokens(world, prompt) > 0
+    regenerated = info["summary"]["regenerated_tokens"]
+    if provider == "fake-redo":
         assert regenerated == twice  # the chunks' counts are exact (vLLM's continuous usage)
     else:
-        # A cut stream of these wires says no count: each event of the call counted once,
-        # a lower bound (the fake sends up to four tokens in one event).
+        # A cut Anthropic stream says no count: each event of the call counted once, a
+        # lower bound (the fake sends up to four tokens in one event).
         assert 0 < regenerated <= twice
     redo = [a for a in info["attempts"] if a.get("regenerated_tokens")]
     assert len(redo) == 1 and "get_weather" in redo[0]["regenerated"]
 
 
-def test_a_parallel_set_cut_in_its_second_call_keeps_the_first(world: World) -> None:
-    prompt = "Weather and time in Lyon? [fake:tools=2]"
+@pytest.mark.parametrize("provider", ["fake", "fake-redo"])
+def test_a_parallel_set_cut_in_its_second_call_keeps_the_first(world: World, provider: str) -> None:
+    prompt = f"Weather and time in Lyon, for {provider}? [fake:tools=2]"
     uncut = canonical(world, prompt, tools=TOOLS)
     first, second = uncut["tool_calls"]
     at = uncut["count"] + first["count"] + second["count"] // 2
     world.fake.add_faults([{"kind": "truncate", "after_tokens": at, "match": prompt}])
-    job_id = world.enqueue(prompt, tools=TOOLS)
+    job_id = world.enqueue(prompt, provider=provider, tools=TOOLS)
     assert world.wait_state(job_id, ENDED).state.value == "done"
     info = status(world, job_id)
     assert calls_of(info) == [(c["name"], c["arguments"]) for c in uncut["tool_calls"]]
-    # The first call is the one the cut attempt made, id and all; the second was asked
-    # again by name and has its own.
-    cut_exchange = next(e for e in world.fake.journal() if e.get("fault"))
+    # The first call is the one the cut attempt made, id and all.
+    cut_exchange, again = exchanges(world, prompt)
+    assert cut_exchange["fault"] is not None
     assert info["tool_calls"][0]["id"] == cut_exchange["tool_calls"][0]["id"]
+    if provider == "fake":
+        # The second call's arguments continued: the same call, nothing bought twice.
+        assert info["tool_calls"][1]["id"] == cut_exchange["tool_calls"][1]["id"]
+        assert again["body"]["tool_choice"] == "none"
+        assert bought_twice(world, prompt, uncut) == 0 == info["summary"]["regenerated_tokens"]
+        return
+    # Asked again by name: a call of its own.
     assert info["tool_calls"][1]["id"] != cut_exchange["tool_calls"][1]["id"]
-    redo = next(
-        e for e in world.fake.journal() if e is not cut_exchange and e["outcome"] == "finished"
-    )
-    assert redo["body"]["tool_choice"] == {"type": "function", "function": {"name": "get_time"}}
-    assert info["summary"]["regenerated_tokens"] == billed_twice(world, prompt)
+    assert again["body"]["tool_choice"] == {"type": "function", "function": {"name": "get_time"}}
+    assert info["summary"]["regenerated_tokens"] == bought_twice(world, prompt, uncut) > 0
 
 
 @pytest.mark.parametrize("provider", WIRES)
@@ -253,6 +297,36 @@ def test_a_worker_killed_inside_a_call_ends_with_the_call_once(lone: World) -> N
     info = status(lone, job_id)
     assert calls_of(info) == [(c["name"], c["arguments"]) for c in uncut["tool_calls"]]
     assert info["text"] == uncut["text"]
+    first, *later = info["attempts"]
+    assert first["cut"] == "worker_died"
+    # The call's durable arguments were continued, not bought again: the call the dead
+    # worker began is the answer's.
+    assert seen >= 4 and info["summary"]["regenerated_tokens"] == 0
+    assert later[0]["kind"] == "resume"
+    began = next(e for e in exchanges(lone, prompt) if e.get("tool_calls"))
+    assert info["tool_calls"][0]["id"] == began["tool_calls"][0]["id"]
+
+
+def test_a_worker_killed_inside_a_call_asked_again_counts_what_it_saw(lone: World) -> None:
+    lone.fake.completion_tokens = 24
+    lone.fake.token_delay_ms = 40
+    victim = lone.cluster.worker()
+    prompt = "Weather in Brest, the worker dies, asked again. [fake:tool]"
+    uncut = canonical(lone, prompt, tools=TOOLS)
+    job_id = lone.enqueue(prompt, provider="fake-redo", tools=TOOLS)
+    wait_for(
+        lambda: any(not c.complete and c.tokens >= 4 for c in lone.store.get(job_id).calls),
+        timeout_s=30,
+        what="a partial call checkpointed",
+    )
+    victim.kill()
+    seen = next(c.tokens for c in lone.store.get(job_id).calls if not c.complete)
+    lone.fake.token_delay_ms = 0
+    lone.cluster.worker()
+    lone.cluster.janitor(interval_s=0.3)
+    assert lone.wait_state(job_id, ENDED, timeout_s=60).state.value == "done"
+    info = status(lone, job_id)
+    assert calls_of(info) == [(c["name"], c["arguments"]) for c in uncut["tool_calls"]]
     first = info["attempts"][0]
     assert first["cut"] == "worker_died"
     # At least what the worker had made durable of the call is counted as bought again.

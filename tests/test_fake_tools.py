@@ -19,6 +19,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from openai.types.responses import Response, ResponseFunctionToolCall, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from resumeq.core.answer import CALL_NOTE, CALL_NOTE_SCHEMA
 from resumeq.core.continuation import INSTRUCTION, PARTIAL_CLOSE, PARTIAL_OPEN
 from resumeq.fake import JSON_OBJECT_NOTE, SCHEMA_NOTE, FakeProvider, count_tokens
 from resumeq.fake.conversation import conversation_of
@@ -601,6 +602,27 @@ def test_a_cut_inside_a_call_is_asked_again_from_the_text_and_gets_the_same_call
     redone = complete(http, wire, one)
     assert redone.named == [("web_search", uncut["tool_calls"][1]["arguments"])]
     assert redone.text == ""
+
+
+def test_a_call_continued_from_its_partial_arguments_gets_the_rest_of_them_as_text(
+    fake: FakeProvider, http: httpx.Client, wire: Wire
+) -> None:
+    ask = Ask(user("Organise the market day. [fake:tools=2]"), tools=tuple(TOOLS))
+    uncut = canonical(http, wire, ask)
+    second = uncut["tool_calls"][1]
+    partial = "".join(second["tokens"][:5])
+    note = f"{CALL_NOTE}web_search{CALL_NOTE_SCHEMA}{json.dumps(SEARCH)}"
+    turns = (("system", note), *continued(wire, ask.turns, partial))
+    rest = complete(http, wire, Ask(turns, tools=tuple(TOOLS), choice="none"))
+    # The arguments' rest, as text: no call, no document of its own, nothing again.
+    assert rest.calls == [] and sent_prefix(wire, partial) + rest.text == second["arguments"]
+    entry = fake.journal(settle_s=1)[-1]
+    assert entry["is_continuation"] and entry["output_tokens_billed"] == second["count"] - 5
+    assert rest.output_tokens == second["count"] - 5
+    # The note without a tool's name is refused, not answered with a guess.
+    bad = (("system", f"{CALL_NOTE}{CALL_NOTE_SCHEMA}{{}}"), *continued(wire, ask.turns, partial))
+    refused = http.post(wire.path, json=wire.body(Ask(bad, tools=tuple(TOOLS)), stream=False))
+    assert refused.status_code == 400 and "names no tool" in refused.text
 
 
 def test_max_tokens_inside_a_call_sends_its_partial_arguments(

@@ -115,6 +115,22 @@ def status(obj: Context, job_id: str, as_json: bool) -> None:
     click.echo(info["text"])
 
 
+def _json_file(path: str, hint: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise click.BadParameter(str(exc.strerror or exc), param_hint=hint) from None
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint=hint) from None
+
+
+def _tool_choice(value: str) -> Any:
+    """``auto``, ``none``, ``required``, or a tool's name (that tool forced)."""
+    if value in ("auto", "none", "required"):
+        return value
+    return {"type": "function", "function": {"name": value}}
+
+
 def _spec_from_options(options: dict[str, Any]) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "provider": options["provider"],
@@ -126,14 +142,15 @@ def _spec_from_options(options: dict[str, Any]) -> dict[str, Any]:
     if options["prompt"] is not None:
         spec["prompt"] = options["prompt"]
     elif options["messages"] is not None:
-        try:
-            spec["messages"] = json.loads(Path(options["messages"]).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise click.BadParameter(str(exc.strerror or exc), param_hint="--messages") from None
-        except ValueError as exc:
-            raise click.BadParameter(f"not JSON: {exc}", param_hint="--messages") from None
+        spec["messages"] = _json_file(options["messages"], "--messages")
     else:
         raise click.UsageError("give --prompt TEXT or --messages FILE")
+    if options["tools"] is not None:
+        spec["tools"] = _json_file(options["tools"], "--tools")
+    if options["tool_choice"] is not None:
+        spec["tool_choice"] = _tool_choice(options["tool_choice"])
+    if options["response_format"] is not None:
+        spec["response_format"] = _json_file(options["response_format"], "--response-format")
     if options["floor"] is not None:
         spec["floor_tokens"] = options["floor"]
     exit_policy = {
@@ -159,6 +176,17 @@ def _spec_from_options(options: dict[str, Any]) -> dict[str, Any]:
 @click.option("--budget", type=int, required=True, help="Most output tokens, all attempts.")
 @click.option("--prompt", default=None, help="The user message.")
 @click.option("--messages", default=None, help="A JSON file with a list of chat messages.")
+@click.option(
+    "--tools", default=None, help="A JSON file with a list of tools (OpenAI's function shape)."
+)
+@click.option(
+    "--tool-choice", default=None, help="auto, none, required, or the name of a tool to force."
+)
+@click.option(
+    "--response-format",
+    default=None,
+    help='A JSON file with a response_format ({"type": "json_schema", ...} or json_object).',
+)
 @click.option("--floor", type=int, default=None, help="Smallest remaining budget worth resuming.")
 @click.option("--on-cut", type=click.Choice(["resume", "abandon", "spill"]), default=None)
 @click.option("--droppable/--no-droppable", default=None)

@@ -25,6 +25,11 @@ if TYPE_CHECKING:  # the calls are read where no model is loaded (``resumeq stat
 #: What a continuation of a structured answer tells the model, where the provider cannot
 #: constrain a continuation: the schema follows as JSON. The fake provider reads it.
 SCHEMA_NOTE = "Answer with one JSON document valid for this JSON Schema:\n"
+#: What the continuation of a tool call cut inside its arguments tells the model: the tool's
+#: name, :data:`CALL_NOTE_SCHEMA`, then its parameters' JSON Schema. The fake provider reads
+#: it.
+CALL_NOTE = "Write only the arguments of a call to the tool "
+CALL_NOTE_SCHEMA = ": one JSON object valid for this JSON Schema:\n"
 #: The same for ``json_object``, which names no schema (and Anthropic's wire, which has no
 #: form of its own for it, on every attempt).
 JSON_OBJECT_NOTE = "Answer with one JSON object.\n"
@@ -78,22 +83,32 @@ def shown(calls: Iterable[DurableCall]) -> list[dict[str, str]]:
 class Redo:
     """What the attempt after a cut inside a tool call asks, and what it buys again."""
 
-    #: The calls kept (complete, already shown), in order.
+    #: The calls kept, in order: the complete ones (already shown), and the cut one when
+    #: it is continued.
     kept: tuple[DurableCall, ...]
-    #: The next attempt's tool choice: the cut call forced by name, or the whole set again.
+    #: The next attempt's tool choice: the cut call forced by name, the whole set again,
+    #: or ``none`` while a continued call's arguments are asked for as text.
     tool_choice: ToolChoice
     #: Output tokens billed for the cut call's partial arguments, bought again.
     regenerated_tokens: int
     why: str
+    #: The cut call whose arguments the next attempt continues (None: asked again).
+    continued: DurableCall | None = None
 
 
-def redo_of(calls: Sequence[DurableCall], spec: JobSpec) -> Redo | None:
-    """The redo of a cut call, if the stored calls end with one (None: nothing to redo).
+def redo_of(
+    calls: Sequence[DurableCall], spec: JobSpec, *, continue_calls: bool = False
+) -> Redo | None:
+    """What follows a cut call, if the stored calls end with one (None: nothing to redo).
 
-    A call cut after complete ones is asked again alone, ``tool_choice`` forced to its name:
-    the complete ones were shown and are kept. A set cut in its first call is asked again
-    whole (``required``, or the job's own forced choice): no wire can carry completed calls
-    without their results and ask for the rest, and nothing of that set was shown."""
+    ``continue_calls`` (the profile's): a call cut inside its arguments is continued — the
+    next attempt asks for the rest of them as text, from where they stop, and nothing is
+    bought twice; its arguments are checked as JSON at the end like any call's. Otherwise,
+    or when none of its arguments arrived, it is asked again. A call cut after complete
+    ones is asked again alone, ``tool_choice`` forced to its name: the complete ones were
+    shown and are kept. A set cut in its first call is asked again whole (``required``, or
+    the job's own forced choice): no wire can carry completed calls without their results
+    and ask for the rest, and nothing of that set was shown."""
     from resumeq.core.spec import FunctionName, NamedToolChoice  # noqa: PLC0415
 
     cut = [c for c in calls if not c.complete]
@@ -103,6 +118,9 @@ def redo_of(calls: Sequence[DurableCall], spec: JobSpec) -> Redo | None:
     kept = tuple(c for c in calls if c.complete)
     tokens = sum(c.tokens for c in cut)
     size = f"{len(partial.arguments)} characters, {tokens} tokens"
+    if continue_calls and partial.arguments and len(cut) == 1 and calls[-1] is partial:
+        why = f"tool call {partial.name} cut ({size}): its arguments continued"
+        return Redo((*kept, partial), "none", 0, why, continued=partial)
     if kept or isinstance(spec.tool_choice, NamedToolChoice):
         choice: ToolChoice = NamedToolChoice(function=FunctionName(name=partial.name))
         why = f"tool call {partial.name} cut ({size}): asked again, tool_choice {partial.name}"

@@ -25,7 +25,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from resumeq.core.answer import JSON_OBJECT_NOTE, SCHEMA_NOTE
+from resumeq.core.answer import (
+    CALL_NOTE,
+    CALL_NOTE_SCHEMA,
+    JSON_OBJECT_NOTE,
+    SCHEMA_NOTE,
+    DurableCall,
+)
 from resumeq.core.settings import ProviderProfile
 from resumeq.core.spec import (
     GenerationParams,
@@ -104,6 +110,9 @@ class RequestPlan:
     after: int | None = None
     #: Tools, tool choice and response format, as this request sends them.
     shape: Shape = field(default_factory=Shape)
+    #: The request continues the arguments of the job's cut tool call (its last): the text
+    #: it streams is theirs, and its end ends the call.
+    continues_call: bool = False
 
 
 def tail_pieces(text: str, n: int) -> str:
@@ -162,6 +171,7 @@ def _shaped(
     *,
     continuing: bool,
     tool_choice: ToolChoice | None,
+    call: DurableCall | None = None,
 ) -> tuple[list[ChatMessage], Shape]:
     """The shape an attempt sends, and its context with any note the shape needs.
 
@@ -169,14 +179,23 @@ def _shaped(
     decoding starts a document at its root, and Anthropic refuses a prefill with structured
     outputs. The schema goes into a system note instead, and the whole document is checked
     at the end. ``json_object`` has no Anthropic form: the note, on every attempt. A redo
-    of a cut tool call forces ``tool_choice``."""
+    of a cut tool call forces ``tool_choice``; a continued call's arguments are asked for
+    as text (``tool_choice`` ``none``: the tools stay declared, as a conversation with
+    calls in it must have them), its tool and schema in the note."""
     shape = Shape.of(spec)
     if tool_choice is not None:
         shape = dataclasses.replace(shape, tool_choice=tool_choice)
     rf = spec.response_format
-    if rf is None or not (continuing or (profile.kind == "anthropic" and rf.type == "json_object")):
+    if call is not None:
+        tool = next((t.function for t in spec.tools or () if t.function.name == call.name), None)
+        parameters = tool.parameters if tool is not None and tool.parameters else {}
+        schema = json.dumps(parameters or {"type": "object"}, ensure_ascii=False)
+        note = f"{CALL_NOTE}{call.name}{CALL_NOTE_SCHEMA}{schema}"
+    elif rf is None or not (
+        continuing or (profile.kind == "anthropic" and rf.type == "json_object")
+    ):
         return context, shape
-    if rf.type == "json_schema" and rf.json_schema is not None:
+    elif rf.type == "json_schema" and rf.json_schema is not None:
         schema = json.dumps(rf.json_schema.schema_, ensure_ascii=False)
         note = f"{SCHEMA_NOTE}{schema}"
     else:
@@ -193,21 +212,27 @@ def plan_request(
     prefix: str,
     remaining_tokens: int,
     tool_choice: ToolChoice | None = None,
+    call: DurableCall | None = None,
 ) -> RequestPlan:
     """The request for the next attempt of a job whose stored prefix is ``prefix``.
 
     No prefix: a fresh request (or a retry of it). A prefix: a continuation — never the
     original request again, which would buy the prefix a second time. ``tool_choice``: the
     choice a redo of a cut tool call forces (:func:`resumeq.core.answer.redo_of`).
+    ``call``: a tool call cut inside its arguments, continued — its arguments are the
+    prefix, continued as text the way the profile continues any.
     """
     if remaining_tokens <= 0:
         raise ValueError(f"remaining_tokens must be > 0, got {remaining_tokens}")
+    if call is not None:
+        prefix, tool_choice = call.arguments, "none"
     context, shape = _shaped(
         spec,
         profile,
         _context(spec, profile),
         continuing=bool(prefix),
         tool_choice=tool_choice,
+        call=call,
     )
     if not prefix:
         return RequestPlan(
@@ -245,4 +270,5 @@ def plan_request(
         prefix_chars_sent=len(tail),
         sent=sent,
         shape=shape,
+        continues_call=call is not None,
     )

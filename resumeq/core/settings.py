@@ -53,6 +53,10 @@ class ProviderProfile(BaseModel):
     continue_mode: Literal["prefill", "prefill_flag", "continue_final_message", "instruction"] = (
         "instruction"
     )
+    #: Whether a tool call cut inside its arguments is continued (its arguments asked for
+    #: from where they stop, as text, in ``continue_mode``) rather than asked for again
+    #: whole. Never on a ``background`` profile, which reads a cut call on instead.
+    continue_calls: bool = True
     #: How output tokens are counted (SPEC §6): the provider's usage, its counting
     #: endpoint, usage when the stream ends and the endpoint when it was cut, or an
     #: estimate from what arrived.
@@ -149,6 +153,12 @@ class ProviderProfile(BaseModel):
         if self.tokenizer is not None:
             return self.tokenizer
         return "anthropic" if self.kind == "anthropic" else "vllm"
+
+    @property
+    def continues_calls(self) -> bool:
+        """Whether a tool call cut inside its arguments is continued (a background
+        response is read on instead, the call with it)."""
+        return self.continue_calls and not self.background
 
     @property
     def echo_policy(self) -> Literal["auto", "yes", "no"]:

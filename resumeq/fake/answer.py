@@ -4,7 +4,9 @@ The text is the conversation's canonical text (:mod:`resumeq.fake.text`, a genre
 :mod:`resumeq.fake.genres`), or, when the answer has a format (the request's
 ``response_format`` in its wire's words, or a system note, :data:`SCHEMA_NOTE`), the JSON
 document for its schema (:mod:`resumeq.fake.documents`: ``completion_tokens`` and the genre
-do not apply), or with ``[fake:refusal]`` a short refusal (then nothing else).
+do not apply), or with ``[fake:refusal]`` a short refusal (then nothing else). A continuation
+of a tool call's arguments (a system note, :data:`CALL_NOTE`, names the tool) is answered
+with those arguments as text, and no call.
 
 Calls, when the request carries tools: ``[fake:tool]`` asks for one, ``[fake:tools=N]`` for
 N, made after the text with ``tool_choice`` absent, ``auto`` or ``required``; ``required``
@@ -119,6 +121,13 @@ def answer_for(conversation: Conversation, shape: Shape, completion_tokens: int 
     if markers.refusal:
         return Answer(refusal(seed), has_text=True, calls=(), refusal=True)
     fmt = shape.format or conversation.format_note()
+    if fmt is not None and fmt.tool is not None:
+        # A call's arguments continued as text: they are the call's, whole, and no call
+        # follows them.
+        declared = next((t for t in shape.tools if t.name == fmt.tool), None)
+        parameters = declared.parameters if declared is not None else fmt.schema or {}
+        return Answer(canonical_of_tokens(arguments_tokens(seed, fmt.tool, parameters)),
+                      has_text=True, calls=())  # fmt: skip
     target = (
         document(seed, fmt) if fmt is not None else canonical_for(conversation, completion_tokens)
     )

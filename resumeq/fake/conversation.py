@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 # The format notes a continuation carries instead of a response format (the JSON Schema
 # follows SCHEMA_NOTE): the fake reads the notes resumeq's client writes.
-from resumeq.core.answer import JSON_OBJECT_NOTE, SCHEMA_NOTE
+from resumeq.core.answer import CALL_NOTE, CALL_NOTE_SCHEMA, JSON_OBJECT_NOTE, SCHEMA_NOTE
 
 # The instruction form wraps the unfinished tail in these markers (the exact text between
 # them is the tail): the fake follows the instruction resumeq's client writes.
 from resumeq.core.continuation import PARTIAL_CLOSE, PARTIAL_OPEN
 from resumeq.fake.markers import Markers, markers_of
+
+_TOOL_NAME_RE = re.compile(r"([A-Za-z0-9_-]{1,64})" + re.escape(CALL_NOTE_SCHEMA))
 
 ContinueMode = Literal["prefill", "prefill_flag", "continue_final_message", "instruction"]
 
@@ -61,6 +64,9 @@ class Format:
     schema as JSON text), or (None) any JSON object."""
 
     schema_json: str | None = None
+    #: The document is the arguments of a call to this tool, continued
+    #: (:data:`CALL_NOTE`): its schema is the tool's parameters.
+    tool: str | None = None
 
     @property
     def schema(self) -> dict[str, object] | None:
@@ -184,12 +190,21 @@ def partial_tail(text: str) -> str | None:
 def split_note(text: str) -> tuple[str, Format | None]:
     """``text`` without its format note (and the schema after it), and the format it
     states; ``(text, None)`` when it has none."""
-    for note in (SCHEMA_NOTE, JSON_OBJECT_NOTE):
+    for note in (SCHEMA_NOTE, JSON_OBJECT_NOTE, CALL_NOTE):
         at = text.find(note)
         if at < 0:
             continue
         end, fmt = at + len(note), Format()
-        if note == SCHEMA_NOTE:
+        tool = None
+        if note == CALL_NOTE:
+            named = _TOOL_NAME_RE.match(text, end)
+            if named is None:
+                raise InvalidRequest(
+                    f"fake provider: the call note names no tool followed by {CALL_NOTE_SCHEMA!r}",
+                    param="messages",
+                )
+            tool, end = named.group(1), named.end()
+        if note != JSON_OBJECT_NOTE:
             rest = text[end:]
             body = rest.lstrip()
             try:
@@ -202,7 +217,7 @@ def split_note(text: str) -> tuple[str, Format | None]:
                     param="messages",
                 )
             end += len(rest) - len(body) + used
-            fmt = Format(json.dumps(schema, ensure_ascii=False))
+            fmt = Format(json.dumps(schema, ensure_ascii=False), tool)
         before, after = text[:at].rstrip(), text[end:].lstrip()
         return (before + "\n" + after if before and after else before + after), fmt
     return text, None

@@ -94,12 +94,16 @@ class Accounting:
             return 1
 
     def count_regenerated(self, d: Reaped) -> None:
-        """A dead attempt cut inside a tool call whose job goes on: the call's checkpointed
-        arguments are bought again by the next attempt (what the worker saw of them: a
-        lower bound of what was billed)."""
+        """A dead attempt cut inside a tool call whose job goes on: unless the call is
+        continued, its checkpointed arguments are bought again by the next attempt (what
+        the worker saw of them: a lower bound of what was billed)."""
         if d.decision is None or d.decision.action not in RESUMING or self.read_on(d.record):
             return  # a response read on carries the call on: nothing is bought again
-        redo = redo_of(d.record.calls, d.record.spec)
+        try:
+            continues = self.ctx.settings.profile(d.record.spec.provider).continues_calls
+        except ConfigError:
+            continues = False  # a profile this janitor does not know: asked again, counted
+        redo = redo_of(d.record.calls, d.record.spec, continue_calls=continues)
         if redo is not None and redo.regenerated_tokens:
             d.ledger["regenerated_tokens"] = redo.regenerated_tokens
             d.ledger["regenerated"] = redo.why

@@ -16,7 +16,7 @@ from datetime import UTC
 
 from rq import get_current_job
 
-from resumeq.core.answer import problem_of, redo_of
+from resumeq.core.answer import DurableCall, problem_of, redo_of
 from resumeq.core.continuation import RequestPlan, plan_reattach, plan_request
 from resumeq.core.errors import (
     ConfigError,
@@ -189,7 +189,7 @@ class AttemptRunner:
             # counted before the exit is written.
             self.responses.let_response_go(call)
         handed_on = handoff and decision.action in ("retry", "resume")
-        regenerated = self._regenerated(record, view, decision, ckpt)
+        regenerated = self._regenerated(record, profile, view, decision, ckpt)
         entry = self.accounting.ledger(
             record,
             started,
@@ -242,9 +242,17 @@ class AttemptRunner:
         profile = self.ctx.settings.profile(record.spec.provider)
         prefix = self.store.text(record.id)
         client = make_client(profile, self.ctx.http.get(record.spec.provider, profile))
-        redo = redo_of(record.calls, record.spec)
+        redo = redo_of(record.calls, record.spec, continue_calls=profile.continues_calls)
+        continued = redo.continued if redo is not None else None
+        if continued is not None:
+            prefix = continued.arguments  # what the splice joins: the call's, not the text
         plan = self._plan(
-            lease, record, profile, prefix, tool_choice=redo.tool_choice if redo else None
+            lease,
+            record,
+            profile,
+            prefix,
+            tool_choice=redo.tool_choice if redo else None,
+            call=continued,
         )
         ckpt = Checkpointer(
             self.store,
@@ -261,6 +269,8 @@ class AttemptRunner:
             ckpt.resume_calls(record.response_attempt or 0)
         else:
             ckpt.keep_calls(record.calls, redo.kept if redo is not None else record.calls)
+            if plan.continues_call:
+                ckpt.continue_call()
         call = Call(record, profile, plan, client, splicer_for(plan, profile, prefix), ckpt, prefix)
         if plan.kind == "reattach":
             call.response_id = plan.response_id
@@ -278,6 +288,7 @@ class AttemptRunner:
         prefix: str,
         *,
         tool_choice: ToolChoice | None = None,
+        call: DurableCall | None = None,
     ) -> RequestPlan:
         """Read on the background response an earlier attempt made, where it can be;
         otherwise a fresh request or a continuation (the response is let go once the
@@ -304,6 +315,7 @@ class AttemptRunner:
             prefix=prefix,
             remaining_tokens=record.remaining_tokens,
             tool_choice=tool_choice,
+            call=call,
         )
 
     def _checked(self, record: JobRecord, call: Call, cut: Cut) -> Cut:
@@ -323,7 +335,11 @@ class AttemptRunner:
 
     @staticmethod
     def _regenerated(
-        record: JobRecord, view: JobView, decision: Decision, ckpt: Checkpointer
+        record: JobRecord,
+        profile: ProviderProfile,
+        view: JobView,
+        decision: Decision,
+        ckpt: Checkpointer,
     ) -> tuple[int, str]:
         """Billed output the next attempt buys again, and why: an answer let go, or a tool
         call cut halfway."""
@@ -333,7 +349,7 @@ class AttemptRunner:
             )
         if decision.action not in ("retry", "resume") or view.reads_on:
             return 0, ""  # a response read on carries a cut call on: nothing bought again
-        redo = redo_of(ckpt.calls, record.spec)
+        redo = redo_of(ckpt.calls, record.spec, continue_calls=profile.continues_calls)
         return (redo.regenerated_tokens, redo.why) if redo is not None else (0, "")
 
     def _refusal(self, record: JobRecord) -> Decision | None:

@@ -147,6 +147,8 @@ class Checkpointer:
         self._calls_version = 0
         self._calls_written = 0
         self._announce: list[dict[str, str]] = []
+        #: The call whose arguments the attempt's text continues (an index into calls).
+        self._into: int | None = None
         #: The attempt this checkpointer writes for (a fencing token is attempt:holder:nonce).
         head = lease.token.partition(":")[0]
         self.attempt = int(head) if head.isdigit() else 0
@@ -179,7 +181,10 @@ class Checkpointer:
         with self._lock:
             if response is not None:
                 self.response = response
-            if text:
+            if text and self._into is not None:
+                self._into_call(text, tokens)
+                hidden_bytes += len(text.encode("utf-8"))
+            elif text:
                 self._pending_text.append(text)
             self._pending_tokens += tokens
             self._pending_hidden += hidden_bytes
@@ -194,6 +199,31 @@ class Checkpointer:
             self.calls = list(kept)
             if list(stored) != self.calls:
                 self._calls_version += 1
+
+    def continue_call(self) -> None:
+        """The attempt continues the arguments of the last call kept (cut inside them): the
+        text it takes is theirs (:meth:`add`), until :meth:`end_continued`."""
+        with self._lock:
+            self._into = len(self.calls) - 1
+
+    @property
+    def continued(self) -> DurableCall | None:
+        """The call whose arguments this attempt continues, as it stands."""
+        return None if self._into is None else self.calls[self._into]
+
+    def end_continued(self) -> None:
+        """The continued call's arguments ended with the stream: the call is whole."""
+        with self._lock:
+            at, self._into = self._into, None
+            self._complete(at)
+
+    def _into_call(self, text: str, tokens: int) -> None:
+        assert self._into is not None
+        call = self.calls[self._into]
+        self.calls[self._into] = dataclasses.replace(
+            call, arguments=call.arguments + text, tokens=call.tokens + tokens
+        )
+        self._calls_version += 1
 
     def resume_calls(self, attempt: int) -> None:
         """A background response read on: its stream numbers its calls 0, 1, … as the stream
@@ -234,12 +264,14 @@ class Checkpointer:
     def tool_end(self, index: int) -> None:
         """The attempt's call ``index`` is whole: shown once written."""
         with self._lock:
-            at = self._call_at.get(index)
-            if at is None or self.calls[at].complete:
-                return
-            self.calls[at] = dataclasses.replace(self.calls[at], complete=True)
-            self._announce.append(self.calls[at].shown())
-            self._calls_version += 1
+            self._complete(self._call_at.get(index))
+
+    def _complete(self, at: int | None) -> None:
+        if at is None or self.calls[at].complete:
+            return
+        self.calls[at] = dataclasses.replace(self.calls[at], complete=True)
+        self._announce.append(self.calls[at].shown())
+        self._calls_version += 1
 
     def flush_idle(self) -> bool:
         """Flush what is pending if a threshold has passed with no delta to carry it out

@@ -81,8 +81,9 @@ class BackgroundResponses:
         remaining = record.remaining_tokens - call.carried
         if remaining < max(record.floor_tokens, profile.min_output_tokens, 1):
             return False
+        continued = call.ckpt.continued if call.plan.continues_call else None
         call.plan = plan_request(
-            record.spec, profile, prefix=call.prefix, remaining_tokens=remaining
+            record.spec, profile, prefix=call.prefix, remaining_tokens=remaining, call=continued
         )
         call.splicer = splicer_for(call.plan, profile, call.prefix)
         return True

@@ -99,6 +99,7 @@ class Streamer:
                     # follows it: the position stays where the seam last stood.
                     splicer = call.splicer
                     ckpt.add(splicer.finish(), splicer.take_tokens(), exact=ckpt.exact)
+                    self.end_continued(call, result)
                     self.until_written(ckpt.flush)  # the text is durable before any counting
                     count = self.accounting.count(call, result)
                     self.until_written(lambda: ckpt.settle(count.tokens, exact=count.exact))
@@ -113,6 +114,17 @@ class Streamer:
                 or LeaseLost("lease lost", job_id=ckpt.lease.job_id)
             )
         return result, count
+
+    @staticmethod
+    def end_continued(call: Call, result: StreamResult) -> None:
+        """A continued call's arguments that the stream finished are the call's whole: it
+        ends as the call would have (``tool_calls``). Cut off by the output limit they are
+        not, and the answer is checked as one whose call did not end."""
+        cut = result.cut
+        if not call.plan.continues_call or cut.kind != "finished" or cut.finish_reason == "length":
+            return
+        call.ckpt.end_continued()
+        result.cut = cut.model_copy(update={"finish_reason": "tool_calls"})
 
     def stream(
         self,

@@ -291,3 +291,49 @@ def test_a_release_that_discards_lets_the_answer_go(store: Store) -> None:
     assert fields["reset"] == "1" and "event: reset" in "".join(frames(1, fields))
     delta = delta_of(1, fields)
     assert delta is not None and delta.reset
+
+
+def test_a_byte_exact_job_or_a_call_to_an_unknown_tool_is_asked_again_not_continued() -> None:
+    cut = (call("get_weather", '{"city":"Ly', complete=False, tokens=4),)
+    exact = redo_of(cut, tool_spec(byte_exact=True), continue_calls=True)
+    assert exact is not None and exact.continued is None and exact.regenerated_tokens == 4
+    unknown = (call("get_news", '{"q":"Ly', complete=False),)
+    assert redo_of(unknown, tool_spec(), continue_calls=True).continued is None  # type: ignore[union-attr]
+
+
+def test_a_continued_call_is_sent_whole_where_the_profile_sends_a_tail() -> None:
+    tail = profile().model_copy(update={"resume_context": "tail:2"})
+    arguments = '{"city": "Lyon and its many quarters", "days'
+    plan = plan_request(
+        tool_spec(), tail, prefix="", remaining_tokens=50,
+        call=call("get_weather", arguments, complete=False),
+    )  # fmt: skip
+    assert plan.prefix_chars_sent == len(arguments) and arguments in plan.messages[-1].content
+
+
+@pytest.mark.parametrize(
+    ("finish", "refusal", "ends"),
+    [("stop", "", True), ("end_turn", "", True), ("length", "", False),
+     ("max_tokens", "", False), ("content_filter", "", False), ("refusal", "no", False),
+     ("end_turn", "I can't help", False)],
+)  # fmt: skip
+def test_a_continued_call_ends_only_with_a_natural_end(
+    finish: str, refusal: str, ends: bool
+) -> None:
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from resumeq.worker.call import StreamResult  # noqa: PLC0415
+    from resumeq.worker.stream import Streamer  # noqa: PLC0415
+
+    ended: list[bool] = []
+    ckpt = SimpleNamespace(refusal=refusal, end_continued=lambda: ended.append(True))
+    stub = SimpleNamespace(plan=SimpleNamespace(continues_call=True), ckpt=ckpt)
+    result = StreamResult(Cut(kind="finished", finish_reason=finish))
+    Streamer.end_continued(stub, result)  # type: ignore[arg-type]
+    assert bool(ended) == ends
+    assert (result.cut.finish_reason == "tool_calls") == ends
+
+
+def test_a_document_cut_off_by_anthropics_limit_is_invalid() -> None:
+    found = problem_of(doc_spec(), '{"city": "Lyon", "days": 3}', (), "max_tokens")
+    assert found is not None and "max_tokens" in found

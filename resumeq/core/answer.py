@@ -35,6 +35,11 @@ CALL_NOTE_SCHEMA = ": one JSON object valid for this JSON Schema:\n"
 JSON_OBJECT_NOTE = "Answer with one JSON object.\n"
 
 
+#: Finish reasons that say the output limit or a filter ended the answer, on any wire (the
+#: wires' own words: Anthropic's ``max_tokens``, the Responses API's ``incomplete``).
+LIMITED = frozenset({"length", "max_tokens", "max_output_tokens", "incomplete", "content_filter"})
+
+
 @dataclass(frozen=True)
 class DurableCall:
     """One tool call as checkpointed: ``arguments`` so far (all of them once ``complete``),
@@ -103,8 +108,9 @@ def redo_of(
 
     ``continue_calls`` (the profile's): a call cut inside its arguments is continued — the
     next attempt asks for the rest of them as text, from where they stop, and nothing is
-    bought twice; its arguments are checked as JSON at the end like any call's. Otherwise,
-    or when none of its arguments arrived, it is asked again. A call cut after complete
+    bought twice; its arguments are checked as JSON at the end like any call's. Otherwise —
+    none of its arguments arrived, a ``byte_exact`` job, a call to a tool the job does not
+    have — it is asked again. A call cut after complete
     ones is asked again alone, ``tool_choice`` forced to its name: the complete ones were
     shown and are kept. A set cut in its first call is asked again whole (``required``, or
     the job's own forced choice): no wire can carry completed calls without their results
@@ -118,7 +124,9 @@ def redo_of(
     kept = tuple(c for c in calls if c.complete)
     tokens = sum(c.tokens for c in cut)
     size = f"{len(partial.arguments)} characters, {tokens} tokens"
-    if continue_calls and partial.arguments and len(cut) == 1 and calls[-1] is partial:
+    known = not spec.tools or any(t.function.name == partial.name for t in spec.tools)
+    continuable = continue_calls and known and not spec.byte_exact  # a continuation is a new draw
+    if continuable and partial.arguments and len(cut) == 1 and calls[-1] is partial:
         why = f"tool call {partial.name} cut ({size}): its arguments continued"
         return Redo((*kept, partial), "none", 0, why, continued=partial)
     if kept or isinstance(spec.tool_choice, NamedToolChoice):
@@ -173,8 +181,8 @@ def _call_problem(call: DurableCall, tools: Mapping[str, FunctionDef]) -> str | 
 def _document_problem(spec: JobSpec, text: str, finish_reason: str | None) -> str | None:
     rf = spec.response_format
     assert rf is not None
-    if finish_reason == "length":
-        return "the document was cut off by the output limit (finish reason length)"
+    if finish_reason in LIMITED:
+        return f"the document was cut off by the output limit (finish reason {finish_reason})"
     value, bad = _json(text)
     if bad is not None:
         return f"the answer is {bad}"

@@ -243,7 +243,9 @@ def plan_request(
             params=spec.params,
             shape=shape,
         )
-    tail = prefix if profile.tail_tokens is None else tail_pieces(prefix, profile.tail_tokens)
+    # A call's arguments go whole: the model must see which objects and strings are open.
+    keep = None if call is not None else profile.tail_tokens
+    tail = prefix if keep is None else tail_pieces(prefix, keep)
     mode = profile.continue_mode
     extra: dict[str, object] = {}
     trimmed = ""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from resumeq.core.answer import redo_of
+from resumeq.core.answer import Redo, redo_of
 from resumeq.core.calibration import Calibration, pieces
 from resumeq.core.counting import estimate, let_go
 from resumeq.core.errors import ConfigError
@@ -93,17 +93,26 @@ class Accounting:
         except ConfigError:
             return 1
 
+    def redo(self, record: JobRecord) -> Redo | None:
+        """What the next attempt does with the job's cut tool call, if it has one."""
+        try:
+            continues = self.ctx.settings.profile(record.spec.provider).continues_calls
+        except ConfigError:
+            continues = False  # a profile this janitor does not know: asked again, counted
+        return redo_of(record.calls, record.spec, continue_calls=continues)
+
+    def continued_chars(self, record: JobRecord) -> int:
+        """The stored characters of a cut call the next attempt continues (0: none)."""
+        redo = self.redo(record)
+        return len(redo.continued.arguments) if redo and redo.continued else 0
+
     def count_regenerated(self, d: Reaped) -> None:
         """A dead attempt cut inside a tool call whose job goes on: unless the call is
         continued, its checkpointed arguments are bought again by the next attempt (what
         the worker saw of them: a lower bound of what was billed)."""
         if d.decision is None or d.decision.action not in RESUMING or self.read_on(d.record):
             return  # a response read on carries the call on: nothing is bought again
-        try:
-            continues = self.ctx.settings.profile(d.record.spec.provider).continues_calls
-        except ConfigError:
-            continues = False  # a profile this janitor does not know: asked again, counted
-        redo = redo_of(d.record.calls, d.record.spec, continue_calls=continues)
+        redo = self.redo(d.record)
         if redo is not None and redo.regenerated_tokens:
             d.ledger["regenerated_tokens"] = redo.regenerated_tokens
             d.ledger["regenerated"] = redo.why

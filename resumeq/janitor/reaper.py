@@ -138,7 +138,7 @@ class Reaper:
             budget_tokens=record.budget_tokens,
             floor_tokens=max(record.floor_tokens, self.accounting.min_output_tokens(record)),
             spent_output_tokens=spent,
-            prefix_chars=text_bytes,
+            prefix_chars=text_bytes + self.accounting.continued_chars(record),
             attempts=record.attempt,
             spill_count=record.spill_count,
             counts_exact=record.counts_exact,

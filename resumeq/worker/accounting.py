@@ -171,9 +171,12 @@ class Accounting:
 
     def calibrate(self, call: Call, tally: Tally, count: Count) -> None:
         """An exact count of this attempt's text is a calibration sample (text only: an
-        attempt with tool calls, or reasoning whose tokens are not known apart, is none)."""
+        attempt with tool calls, a call's arguments continued, or reasoning whose tokens are
+        not known apart, is none)."""
         if tally.other_chunks or (tally.reasoning_chunks and count.reasoning_tokens is None):
             return
+        if call.plan.continues_call:
+            return  # the text was a call's arguments: JSON, not the model's prose
         tokens = count.tokens - (count.reasoning_tokens or 0)
         sample = Sample(tally.text_bytes, tally.text_chunks, tally.text_pieces, tokens)
         spec = call.record.spec

@@ -167,7 +167,7 @@ class AttemptRunner:
             budget_tokens=record.budget_tokens,
             floor_tokens=max(record.floor_tokens, profile.min_output_tokens),
             spent_output_tokens=record.spent_output_tokens + ckpt.flushed_tokens + call.carried,
-            prefix_chars=len(prefix) + ckpt.flushed_chars,
+            prefix_chars=len(prefix) + ckpt.flushed_chars + ckpt.continued_chars,
             attempts=record.attempt,
             spill_count=record.spill_count,
             counts_exact=record.counts_exact and ckpt.exact,
@@ -244,8 +244,6 @@ class AttemptRunner:
         client = make_client(profile, self.ctx.http.get(record.spec.provider, profile))
         redo = redo_of(record.calls, record.spec, continue_calls=profile.continues_calls)
         continued = redo.continued if redo is not None else None
-        if continued is not None:
-            prefix = continued.arguments  # what the splice joins: the call's, not the text
         plan = self._plan(
             lease,
             record,
@@ -271,7 +269,9 @@ class AttemptRunner:
             ckpt.keep_calls(record.calls, redo.kept if redo is not None else record.calls)
             if plan.continues_call:
                 ckpt.continue_call()
-        call = Call(record, profile, plan, client, splicer_for(plan, profile, prefix), ckpt, prefix)
+        # What the splice joins: a continued call's arguments, or the text.
+        seam = continued.arguments if plan.continues_call and continued else prefix
+        call = Call(record, profile, plan, client, splicer_for(plan, profile, seam), ckpt, prefix)
         if plan.kind == "reattach":
             call.response_id = plan.response_id
         elif record.response_id is not None:
@@ -350,7 +350,9 @@ class AttemptRunner:
         if decision.action not in ("retry", "resume") or view.reads_on:
             return 0, ""  # a response read on carries a cut call on: nothing bought again
         redo = redo_of(ckpt.calls, record.spec, continue_calls=profile.continues_calls)
-        return (redo.regenerated_tokens, redo.why) if redo is not None else (0, "")
+        if redo is None or not redo.regenerated_tokens:
+            return 0, ""  # nothing cut, or a call continued: nothing bought again
+        return redo.regenerated_tokens, redo.why
 
     def _refusal(self, record: JobRecord) -> Decision | None:
         """An attempt that must not call the provider at all."""

@@ -194,9 +194,12 @@ class Checkpointer:
 
     def keep_calls(self, stored: Sequence[DurableCall], kept: Sequence[DurableCall]) -> None:
         """Start from the calls of earlier attempts this one keeps (a cut one is dropped:
-        it is asked again); written with the first flush if that drops any."""
+        it is asked again); written with the first flush if that drops any. The stream's
+        calls are new ones (a response read on maps its own: :meth:`resume_calls`)."""
         with self._lock:
             self.calls = list(kept)
+            self._call_at = {}
+            self._into = None
             if list(stored) != self.calls:
                 self._calls_version += 1
 
@@ -209,7 +212,14 @@ class Checkpointer:
     @property
     def continued(self) -> DurableCall | None:
         """The call whose arguments this attempt continues, as it stands."""
-        return None if self._into is None else self.calls[self._into]
+        with self._lock:
+            return None if self._into is None else self.calls[self._into]
+
+    @property
+    def continued_chars(self) -> int:
+        """The stored characters of the call this attempt continues (0: none)."""
+        continued = self.continued
+        return len(continued.arguments) if continued is not None else 0
 
     def end_continued(self) -> None:
         """The continued call's arguments ended with the stream: the call is whole."""

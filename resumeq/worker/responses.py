@@ -8,6 +8,7 @@ import contextlib
 import logging
 from dataclasses import replace
 
+from resumeq.core.answer import redo_of
 from resumeq.core.calibration import Calibration
 from resumeq.core.continuation import plan_request
 from resumeq.core.counting import let_go
@@ -81,11 +82,26 @@ class BackgroundResponses:
         remaining = record.remaining_tokens - call.carried
         if remaining < max(record.floor_tokens, profile.min_output_tokens, 1):
             return False
-        continued = call.ckpt.continued if call.plan.continues_call else None
+        ckpt, tool_choice = call.ckpt, call.plan.shape.tool_choice
+        if call.plan.kind == "reattach":
+            # The response carried a cut call on; now it is asked again (a background
+            # profile does not continue calls), the calls kept as that says.
+            redo = redo_of(ckpt.calls, record.spec, continue_calls=profile.continues_calls)
+            ckpt.keep_calls(ckpt.calls, redo.kept if redo is not None else ckpt.calls)
+            tool_choice = redo.tool_choice if redo is not None else None
+            if redo is not None and redo.continued is not None:
+                ckpt.continue_call()
+        continued = ckpt.continued
         call.plan = plan_request(
-            record.spec, profile, prefix=call.prefix, remaining_tokens=remaining, call=continued
+            record.spec,
+            profile,
+            prefix=call.prefix,
+            remaining_tokens=remaining,
+            tool_choice=tool_choice,
+            call=continued,
         )
-        call.splicer = splicer_for(call.plan, profile, call.prefix)
+        seam = continued.arguments if continued is not None else call.prefix
+        call.splicer = splicer_for(call.plan, profile, seam)
         return True
 
     def let_response_go(self, call: Call, *, hint: int | None = None) -> bool:

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from resumeq.core.answer import LIMITED
 from resumeq.core.counting import Count
 from resumeq.core.errors import (
     FatalProviderError,
@@ -118,10 +119,13 @@ class Streamer:
     @staticmethod
     def end_continued(call: Call, result: StreamResult) -> None:
         """A continued call's arguments that the stream finished are the call's whole: it
-        ends as the call would have (``tool_calls``). Cut off by the output limit they are
-        not, and the answer is checked as one whose call did not end."""
+        ends as the call would have (``tool_calls``). Cut off by the output limit or a
+        filter, or refused, they are not: the call stays cut, never shown, and the answer is
+        checked as one whose call did not end (a refusal is the job's answer)."""
         cut = result.cut
-        if not call.plan.continues_call or cut.kind != "finished" or cut.finish_reason == "length":
+        if not call.plan.continues_call or cut.kind != "finished" or call.ckpt.refusal:
+            return
+        if cut.finish_reason in LIMITED or cut.finish_reason == "refusal":
             return
         call.ckpt.end_continued()
         result.cut = cut.model_copy(update={"finish_reason": "tool_calls"})

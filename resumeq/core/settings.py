@@ -353,6 +353,44 @@ class ServerSettings(BaseModel):
         return self
 
 
+#: A gateway model's target: a profile's name, a slash, the model the provider is asked for
+#: (model ids hold slashes of their own: the first one splits).
+_GATEWAY_TARGET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}/.{1,200}$", re.DOTALL)
+
+
+class GatewaySettings(BaseModel):
+    """``[gateway]``: the OpenAI- and Anthropic-compatible endpoints of ``resumeq serve``
+    (SPEC §24)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: Model names a client may send, each the ``PROFILE/MODEL`` it stands for.
+    models: dict[str, str] = Field(default_factory=dict)
+    #: A client that goes away from a streaming request cancels its job (false: the job
+    #: goes on, and the client may read it again by id).
+    cancel_on_disconnect: bool = False
+    #: How long a request waits for a job resting on the spill lane (a person may requeue
+    #: it), and how long a non-streamed request waits at all, before it ends with an error.
+    max_wait_s: float = Field(default=600.0, gt=0, le=24 * 3600)
+    #: The budget of a request that names no ``max_tokens`` (Anthropic's wire requires one).
+    default_max_tokens: int = Field(default=4096, gt=0)
+    #: The queue the gateway's jobs go to; by default the first of ``[worker] queues``.
+    queue: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+
+    @field_validator("models")
+    @classmethod
+    def _check_models(cls, models: dict[str, str]) -> dict[str, str]:
+        for alias, target in models.items():
+            if not alias or len(alias) > 200:
+                raise ValueError(f"{alias[:80]!r}: an alias is 1 to 200 characters")
+            if not _GATEWAY_TARGET.match(target):
+                raise ValueError(
+                    f"{alias!r} = {target[:80]!r}: a target is PROFILE/MODEL "
+                    '(as "openai-prod/gpt-4o-mini")'
+                )
+        return models
+
+
 class ConfigFile(BaseModel):
     """The TOML file of SPEC §15."""
 
@@ -364,6 +402,21 @@ class ConfigFile(BaseModel):
     store: StoreSettings = StoreSettings()
     limits: Limits = Limits()
     server: ServerSettings = ServerSettings()
+    gateway: GatewaySettings = GatewaySettings()
+
+    @model_validator(mode="after")
+    def _gateway_profiles(self) -> ConfigFile:
+        for alias, target in self.gateway.models.items():
+            profile = target.partition("/")[0]
+            if profile not in self.providers:
+                known = ", ".join(sorted(self.providers)) or "none configured"
+                raise ValueError(
+                    f"gateway.models: {alias!r} names profile {profile!r}, which is not "
+                    f"configured (known: {known})"
+                )
+        if self.gateway.queue is not None and self.gateway.queue not in self.worker.queues:
+            raise ValueError(f"gateway.queue: {self.gateway.queue!r} is not one of [worker] queues")
+        return self
 
 
 class Settings(BaseModel):

@@ -31,7 +31,7 @@ from resumeq.core.errors import (
 )
 from resumeq.core.settings import Settings, load_settings
 from resumeq.producer.async_client import AsyncClient
-from resumeq.server import sse
+from resumeq.server import gateway, sse
 from resumeq.server.auth import is_loopback
 from resumeq.server.console import Console
 from resumeq.server.cors import Cors, preflight
@@ -119,6 +119,7 @@ def create_app(settings: Settings) -> Starlette:
         ("/v1/spill/{job_id}/requeue", spill_requeue, ["POST"]),
         ("/v1/spill/{job_id}/drop", spill_drop, ["POST"]),
         ("/v1/stats", get_stats, ["GET"]),
+        *gateway.ROUTES,
     ]
     origins = settings.file.server.cors_origins
     routes = [

@@ -104,6 +104,8 @@ class Feed:
         self.cursor = EventCursor(job_id, after=0, deadline=None, stop_at_spill=False)
         self.started = False  # the cursor has the job's record
         self.entries: list[tuple[int, bytes]] = []  # each entry's revision and SSE frames
+        #: Each entry as read (the gateway renders them in a wire's own format).
+        self.raw: list[tuple[int, dict[str, str]]] = []
         self.revisions: list[int] = []
         self.done = False
         self.error: BaseException | None = None
@@ -117,6 +119,7 @@ class Feed:
         for revision, fields in entries:
             # Rendered once for every follower.
             self.entries.append((revision, "".join(frames(revision, fields)).encode()))
+            self.raw.append((revision, fields))
             self.revisions.append(revision)
             if fields.get("state"):
                 self.state = (revision, fields["state"])
@@ -407,13 +410,38 @@ class Hub:
         max_streams: int = 0,
     ) -> EventStream:
         """The event stream of ``record``'s job after revision ``after``: one snapshot read
-        of its own for a job whose events were trimmed, else a follower of its feed.
-        :class:`Full` past ``max_jobs`` followed jobs, or past ``max_streams`` streams of
-        ``principal`` (0: no limit). Checked and joined with no await between: concurrent
-        requests cannot all pass."""
+        of its own for a job whose events were trimmed, else a follower of its feed
+        (:meth:`_admit`: :class:`Full` past the limits)."""
         job_id = record.id
         if record.events_trimmed is not None:  # ended a while ago: its text, from a snapshot
             return EventStream(replay(self.client, job_id, after=after, state=record.state.value))
+        feed = self._admit(job_id, principal, max_jobs, max_streams)
+        body = follow(feed, after=after, keepalive_s=keepalive_s)
+        return EventStream(body, release=lambda: self.leave(feed, principal))
+
+    def entries(
+        self,
+        record: JobRecord,
+        *,
+        keepalive_s: float,
+        principal: str,
+        max_jobs: int,
+        max_streams: int = 0,
+    ) -> tuple[AsyncIterator[Batch], Callable[[], None]]:
+        """The entries of ``record``'s job's events stream as read, in batches (an empty
+        one every ``keepalive_s`` of nothing), until the job ends; with what to call once
+        the reader is done with them. As :meth:`stream` for :class:`Full` and for a job
+        whose events were trimmed."""
+        if record.events_trimmed is not None:
+            return snapshot_entries(self.client, record), lambda: None
+        feed = self._admit(record.id, principal, max_jobs, max_streams)
+        return feed_entries(feed, keepalive_s=keepalive_s), lambda: self.leave(feed, principal)
+
+    def _admit(self, job_id: str, principal: str, max_jobs: int, max_streams: int) -> Feed:
+        """The feed of ``job_id``, joined for ``principal``: :class:`Full` past
+        ``max_jobs`` followed jobs or ``max_streams`` streams of ``principal`` (0: no
+        limit). Checked and joined with no await between: concurrent requests cannot all
+        pass."""
         if job_id not in self.feeds and len(self.feeds) >= max_jobs:
             raise Full(
                 503,
@@ -426,9 +454,7 @@ class Hub:
                 f"{principal} holds {self.by_principal[principal]} event streams on this "
                 "server, its most ([server] max_streams_per_producer): close one, or try again",
             )
-        feed = self.join(job_id, principal)
-        body = follow(feed, after=after, keepalive_s=keepalive_s)
-        return EventStream(body, release=lambda: self.leave(feed, principal))
+        return self.join(job_id, principal)
 
     def leave(self, feed: Feed, principal: str) -> None:
         feed.followers -= 1
@@ -451,6 +477,56 @@ class Hub:
         self.readers.clear()
         self.feeds.clear()
         self._reader_of.clear()
+
+
+#: Entries of a job's events stream as read: each revision and its fields.
+Batch = list[tuple[int, dict[str, str]]]
+
+
+class Lost(Exception):
+    """The read of a job's events failed (Redis gone, the job purged): a reader of its
+    entries stops with this, and its client reads again by id."""
+
+
+async def feed_entries(feed: Feed, *, keepalive_s: float) -> AsyncIterator[Batch]:
+    """``feed``'s entries from its first, in batches as they arrive (an empty batch after
+    ``keepalive_s`` of nothing), until the job ends; :class:`Lost` if the read fails."""
+    index = 0
+    while True:
+        ready, index = feed.raw[index:], len(feed.raw)
+        if ready:
+            yield ready
+        if feed.done:
+            if feed.error is not None:
+                raise Lost(f"{type(feed.error).__name__}: {feed.error}") from feed.error
+            return
+        if not await feed.changed(keepalive_s):
+            yield []
+
+
+async def snapshot_entries(client: AsyncClient, record: JobRecord) -> AsyncIterator[Batch]:
+    """The entries of a job whose events stream was removed (it ended a while ago), made
+    again from its record and text: a delta at each revision that added text (where
+    :attr:`~resumeq.core.models.JobRecord.text_offsets` says each ended), then its calls and
+    its end at its last revision. A reader numbers them as it numbered the stream they
+    were, as long as the calls came after the text."""
+    job = await client.get(record.id)
+    data = job.text.encode()
+    out: Batch = []
+    start = 0
+    for pair in job.record.text_offsets.split():
+        revision, _, end = pair.partition(":")
+        out.append((int(revision), {"rev": revision, "delta": data[start : int(end)].decode()}))
+        start = int(end)
+    last = str(job.record.events_trimmed or job.record.revision)
+    fields = {"rev": last, "state": job.record.state.value}
+    if start < len(data):  # text the offsets do not place
+        fields["delta"] = data[start:].decode()
+    calls = [c.shown() for c in job.record.calls if c.complete]
+    if calls:
+        fields["calls"] = json.dumps(calls)
+    out.append((int(last), fields))
+    yield out
 
 
 async def replay(

@@ -18,11 +18,11 @@ from resumeq.core.spec import JobSpec, parse_spec
 from resumeq.core.spec_rules import looks_like_secret, looks_like_url
 from resumeq.producer import enqueue as producer
 from resumeq.producer.enqueue import enqueue_job
-from resumeq.server.auth import CAN_CREATE, CAN_OPERATE
+from resumeq.server.auth import CAN_CREATE, CAN_OPERATE, Principal
 from resumeq.server.openapi import IDEMPOTENCY_HEADER_KEY, IDEMPOTENCY_HEADER_PATTERN
 from resumeq.server.problems import Problem
 from resumeq.server.routes.common import job_id_of, principal, read_json, visible_job
-from resumeq.server.service import service
+from resumeq.server.service import Service, service
 from resumeq.store import DEFAULT_QUEUE, check_queue
 
 #: An ``Idempotency-Key`` as a client may send it (it is kept under its principal's name).
@@ -48,7 +48,20 @@ async def create_job(request: Request) -> Response:
         raise Problem.field(
             422, "queue", f"not a queue of this deployment ([worker] queues: {names})"
         )
-    key = _idempotency_key(request, body)
+    key = idempotency_key(request, body)
+    job_id, created = await submit(svc, who, body, queue=queue, key=key)
+    job = await visible_job(request, who, job_id)
+    status = 201 if created else 200
+    return JSONResponse(job, status, headers={"Location": job["links"]["self"]})
+
+
+async def submit(
+    svc: Service, who: Principal, body: dict[str, Any], *, queue: str, key: str | None
+) -> tuple[str, bool]:
+    """Enqueue the job spec ``body`` for ``who`` on ``queue``: its id, and whether this
+    request created it (an idempotency ``key`` already used for the same request answers
+    that job; for another request, a 422). :class:`~resumeq.core.errors.InvalidSpec` for a
+    bad spec, nothing written."""
     if key is not None:
         # Kept under the caller's name: one producer's key never answers another's job.
         body = {**body, "idempotency_key": f"{who.name}:{key}"}
@@ -81,9 +94,7 @@ async def create_job(request: Request) -> Response:
                 "Idempotency-Key",
                 f"{key!r} was used for job {result.id} with another body",
             )
-    job = await visible_job(request, who, result.id)
-    status = 201 if result.created else 200
-    return JSONResponse(job, status, headers={"Location": job["links"]["self"]})
+    return result.id, result.created
 
 
 def _request_hash(spec: JobSpec, queue: str) -> str:
@@ -97,7 +108,9 @@ def _canonical(spec_json: str) -> str:
     return json.dumps(json.loads(spec_json), sort_keys=True, separators=(",", ":"))
 
 
-def _idempotency_key(request: Request, body: dict[str, Any]) -> str | None:
+def idempotency_key(request: Request, body: dict[str, Any]) -> str | None:
+    """The request's idempotency key: its ``Idempotency-Key`` header, or its body's
+    ``idempotency_key`` (both: the same one), checked; None for neither."""
     header = request.headers.get("idempotency-key")
     in_body = body.get("idempotency_key")
     if header is not None:
